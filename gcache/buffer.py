@@ -1,0 +1,55 @@
+"""Turning a caller's buffer into a flat byte ``memoryview`` without copying it.
+
+Accepted: anything with the buffer protocol (bytes, bytearray, memoryview, mmap, numpy arrays)
+and contiguous CPU torch tensors. torch is not imported here: a tensor is recognised by its own
+methods and exposed through its data pointer, which is valid for as long as the caller holds the
+tensor (every SDK call holds it until the IO is done), and works for dtypes numpy lacks (bf16).
+CUDA tensors belong to the shm data path (a later issue) and are refused here with a clear error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def _tensor_view(tensor: Any, *, what: str) -> memoryview:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} is a non-contiguous tensor of shape {tuple(tensor.shape)}; "
+                         "buffers must be contiguous")
+    if tensor.device.type != "cpu":
+        raise TypeError(f"{what} is a tensor on {tensor.device}; this transport takes CPU tensors")
+    n_bytes = tensor.numel() * tensor.element_size()
+    if n_bytes == 0:
+        return memoryview(b"")
+    array = (ctypes.c_ubyte * n_bytes).from_address(tensor.data_ptr())
+    return memoryview(array).cast("B")
+
+
+def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryview:
+    """A flat unsigned-byte view of ``obj``.
+
+    Raises TypeError for an object that is no buffer or is read-only where ``writable`` is asked,
+    ValueError for a non-contiguous one. ``what`` names the argument in the message.
+    """
+    if _is_tensor(obj):
+        return _tensor_view(obj, what=what)
+    if isinstance(obj, str):
+        raise TypeError(f"{what} is a str; encode it to bytes first")
+    try:
+        view = memoryview(obj)
+    except TypeError as exc:
+        raise TypeError(f"{what} of type {type(obj).__name__} is not a buffer; pass bytes, "
+                        "bytearray, memoryview, a contiguous numpy array or a CPU tensor") from exc
+    if not view.c_contiguous:
+        raise ValueError(f"{what} is a non-contiguous buffer of shape {view.shape}; "
+                         "buffers must be contiguous")
+    if writable and view.readonly:
+        raise TypeError(f"{what} is read-only ({type(obj).__name__}); pass a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view

@@ -1,0 +1,196 @@
+"""Process configuration: one frozen dataclass per process and the one loader that fills it.
+
+Precedence, lowest to highest: field defaults < TOML file section < ``GCACHE_<SECTION>_<KEY>``
+environment variables < command-line flags. Unknown keys are errors, never ignored, so a typo in
+a config file cannot silently fall back to a default. Sizes accept strings such as ``"4GiB"``
+(``parse_size`` is the only parser of them). Only ``load_config`` reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gcache.errors import ConfigError
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 1000**2, "mb": 1000**2,
+          "mib": MiB, "g": 1000**3, "gb": 1000**3, "gib": GiB, "t": 1000**4, "tb": 1000**4,
+          "tib": TiB}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int, *, key: str = "size") -> int:
+    """Parse ``"4GiB"``, ``"512 MiB"``, ``"64k"`` or a plain integer into bytes."""
+    if isinstance(text, bool):
+        raise ConfigError(key, text, "must be a size such as 4GiB or an integer")
+    if isinstance(text, int):
+        return text
+    match = _SIZE_RE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ConfigError(key, text, "must be a size such as 4GiB, 512MiB or an integer")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(n_bytes: int) -> str:
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.4g}{unit}"
+    return f"{n_bytes}B"
+
+
+def _check(key: str, value: object, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ConfigError(key, value, rule)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Settings of one ``gcache-server``."""
+
+    listen: str = "127.0.0.1:7700"          # HOST:PORT of the TCP data plane
+    memory: int = 1 * GiB                   # bytes of the shared-memory hot tier
+    segment_size: int = 16 * MiB            # bytes per arena segment (the eviction unit)
+    shm_name: str = ""                      # /dev/shm file name; "" means gcache-<port>
+    io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
+    max_value_size: int = 1 * GiB           # bytes; larger values are refused
+    lease_ttl_s: float = 5.0                # a read lease or pending write pins for this long
+    max_connections: int = 1024             # concurrent client connections
+    prefault: bool = True                   # touch every arena page at start
+    metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
+
+    def __post_init__(self) -> None:
+        _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
+        _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
+               "must be at least 64KiB")
+        _check("memory", self.memory, self.memory >= 2 * self.segment_size,
+               f"must hold at least two segments of {format_size(self.segment_size)}")
+        _check("io_size", self.io_size, 4 * KiB <= self.io_size <= 64 * MiB,
+               "must be between 4KiB and 64MiB")
+        _check("max_value_size", self.max_value_size, self.max_value_size >= 1, "must be positive")
+        _check("lease_ttl_s", self.lease_ttl_s, self.lease_ttl_s > 0, "must be positive")
+        _check("max_connections", self.max_connections, self.max_connections >= 1,
+               "must be positive")
+        _check("metrics_listen", self.metrics_listen,
+               self.metrics_listen == "" or _is_address(self.metrics_listen),
+               "must be HOST:PORT or empty")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Settings of one SDK ``Client``."""
+
+    servers: tuple[str, ...] = ()           # HOST:PORT of each data server (static membership)
+    timeout_s: float = 0.2                  # seconds one IO may take before it is a miss
+    io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
+    io_threads: int = 4                     # SDK threads that do all network IO
+    max_value_size: int = 1 * GiB           # bytes; larger values are refused before any IO
+    group_width: int = 2                    # servers one placement group is striped over
+    suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
+    verify_checksum: bool = True            # check xxh3_64 of every value read
+    token: str | None = None                # cluster token (auth lands with the master issue)
+    vnodes: int = 64                        # virtual nodes per server on the ring
+
+    def __post_init__(self) -> None:
+        for address in self.servers:
+            _check("servers", address, _is_address(address), "each must be HOST:PORT")
+        _check("servers", self.servers, len(set(self.servers)) == len(self.servers),
+               "must not repeat an address")
+        _check("timeout_s", self.timeout_s, self.timeout_s > 0, "must be positive")
+        _check("io_size", self.io_size, 4 * KiB <= self.io_size <= 64 * MiB,
+               "must be between 4KiB and 64MiB")
+        _check("io_threads", self.io_threads, 1 <= self.io_threads <= 256,
+               "must be between 1 and 256")
+        _check("max_value_size", self.max_value_size, self.max_value_size >= 1, "must be positive")
+        _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
+        _check("suspect_s", self.suspect_s, self.suspect_s >= 0, "must not be negative")
+        _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
+
+
+def _is_address(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)
+
+
+C = TypeVar("C")
+
+
+def _coerce(cls: type, name: str, raw: Any) -> Any:
+    hint = typing.get_type_hints(cls)[name]
+    if hint is int:
+        return parse_size(raw, key=name) if not isinstance(raw, float) else int(raw)
+    if hint is float:
+        try:
+            return float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(name, raw, "must be a number") from exc
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(name, raw, "must be true or false")
+    if hint == tuple[str, ...]:
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(str(item).strip() for item in items if str(item).strip())
+    if raw is None:
+        return None
+    return str(raw)
+
+
+def load_config(cls: type[C], section: str, *, path: str | None = None,
+                env: Mapping[str, str] | None = None,
+                flags: Mapping[str, Any] | None = None) -> C:
+    """Build ``cls`` from defaults < TOML ``[section]`` < ``GCACHE_<SECTION>_*`` < ``flags``.
+
+    ``flags`` holds only the flags the user gave (None values are ignored). Raises ConfigError
+    for an unknown key, a value of the wrong form, or a value that breaks a field's rule.
+    """
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                document = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("config", path, f"must be a readable TOML file ({exc})") from exc
+        for name, raw in document.get(section, {}).items():
+            if name not in known:
+                raise ConfigError(f"[{section}].{name}", raw, f"unknown key; known: {sorted(known)}")
+            values[name] = _coerce(cls, name, raw)
+    prefix = f"GCACHE_{section.upper()}_"
+    for var, raw in (os.environ if env is None else env).items():
+        if var.startswith(prefix):
+            name = var[len(prefix):].lower()
+            if name not in known:
+                raise ConfigError(var, raw, f"unknown key; known: {sorted(known)}")
+            values[name] = _coerce(cls, name, raw)
+    for name, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        if name not in known:
+            raise ConfigError(name, raw, f"unknown key; known: {sorted(known)}")
+        values[name] = _coerce(cls, name, raw)
+    return cls(**values)
+
+
+def redacted(config: object) -> dict[str, Any]:
+    """The config as a dict with secrets replaced, for the one start-up log line."""
+    out = dataclasses.asdict(config)  # type: ignore[call-overload]
+    if out.get("token"):
+        out["token"] = "***"
+    return out

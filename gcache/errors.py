@@ -1,0 +1,99 @@
+"""GCache's one exception tree.
+
+    GCacheError
+    ├── ConfigError            a config key has a value that breaks its rule
+    ├── InvalidRequest         a caller or peer asked for something malformed
+    ├── ProtocolError          bytes on the wire that are not a valid frame
+    ├── TransportError         the path to a peer failed
+    │   ├── ConnectFailed
+    │   ├── ConnectionLost
+    │   └── IOTimeout
+    ├── ServerError            the server answered with a failure status (.status)
+    │   ├── NoSpace
+    │   └── ChecksumMismatch
+    └── MasterError
+        ├── NotLeader (.leader)
+        └── Unavailable
+
+Absence is a value (None/False), failure is an exception. The SDK is the single place where a
+TransportError or ServerError becomes a miss. OSError never crosses a module boundary: transports
+translate it here, chaining with ``from``.
+"""
+
+from __future__ import annotations
+
+
+class GCacheError(Exception):
+    """Base of every error GCache raises on purpose."""
+
+
+class ConfigError(GCacheError, ValueError):
+    """A configuration value breaks its rule. Carries the key, the value and the rule."""
+
+    def __init__(self, key: str, value: object, rule: str) -> None:
+        self.key = key
+        self.value = value
+        self.rule = rule
+        super().__init__(f"config {key}={value!r}: {rule}")
+
+
+class InvalidRequest(GCacheError, ValueError):
+    """A request is malformed: bad key, bad size, unknown handle."""
+
+
+class ProtocolError(GCacheError):
+    """Bytes received are not a valid frame (bad magic, version, or declared sizes)."""
+
+
+class TransportError(GCacheError):
+    """The path to a peer failed; the peer may be fine."""
+
+
+class ConnectFailed(TransportError):
+    """No connection could be made to the peer."""
+
+
+class ConnectionLost(TransportError):
+    """The peer closed or reset the connection mid-exchange."""
+
+
+class IOTimeout(TransportError):
+    """One IO did not complete within its timeout."""
+
+
+class ServerError(GCacheError):
+    """The server answered with a failure status. ``status`` is the wire status name."""
+
+    def __init__(self, status: str, message: str = "") -> None:
+        self.status = status
+        super().__init__(f"server status {status}" + (f": {message}" if message else ""))
+
+
+class NoSpace(ServerError):
+    """The server could not make room (every candidate segment is pinned)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__("NO_SPACE", message)
+
+
+class ChecksumMismatch(ServerError):
+    """Bytes did not match their xxh3_64 checksum."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__("CHECKSUM_MISMATCH", message)
+
+
+class MasterError(GCacheError):
+    """A master RPC failed."""
+
+
+class NotLeader(MasterError):
+    """The master asked is not the Raft leader; ``leader`` names the one it knows of, if any."""
+
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+        super().__init__(f"not the leader; leader is {leader or 'unknown'}")
+
+
+class Unavailable(MasterError):
+    """No master answered."""

@@ -1,0 +1,139 @@
+"""The data-plane frame codec: a fixed 56-byte little-endian header, then key, then payload.
+
+Every request gets exactly one reply frame with the same ``request_id``, so a client may pipeline
+requests (send several, then read the replies in order). ``docs/protocol.md`` documents each
+opcode field by field; it and this module change together. Decoding validates everything a peer
+controls (magic, version, opcode, key length, declared payload) before a byte of payload is read,
+so a hostile header costs the server 56 bytes, never an allocation.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
+                           ServerError)
+from gcache.keys import MAX_KEY_BYTES
+
+MAGIC = 0x564B4347  # b"GCKV" read as a little-endian u32
+VERSION = 1
+HEADER = struct.Struct("<IBBBBIHHQQQQQ")
+HEADER_SIZE = HEADER.size  # 56
+
+
+class Op(enum.IntEnum):
+    PUT = 1          # key + value in one frame (the small-value fast path)
+    GET = 2          # key -> value in one reply
+    ALLOC = 3        # key, length -> handle of a server-allocated extent
+    WRITE = 4        # handle, offset, payload -> bytes written into the extent
+    COMMIT = 5       # handle, checksum -> value visible
+    LEASE = 6        # key -> handle pinning the value, its length and checksum
+    READ = 7         # handle, offset, length -> payload
+    RELEASE = 8      # handle -> lease dropped
+    EXISTS = 9       # count keys -> count presence bytes
+    DELETE = 10      # key -> OK or NOT_FOUND
+    STAT = 11        # -> JSON payload of server statistics
+    BATCH_GET = 12   # count keys -> entry table, then the values
+    BATCH_PUT = 13   # entry table, keys, values -> count status bytes
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NOT_FOUND = 1
+    BAD_REQUEST = 2
+    NO_SPACE = 3
+    CHECKSUM_MISMATCH = 4
+    TOO_LARGE = 5
+    UNKNOWN_HANDLE = 6
+    INTERNAL = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    op: Op
+    request_id: int = 0
+    status: Status = Status.OK
+    flags: int = 0
+    key_len: int = 0
+    count: int = 0          # entries in a batch
+    payload_len: int = 0    # bytes after the key
+    handle: int = 0         # extent or lease handle
+    offset: int = 0         # byte offset inside an extent
+    length: int = 0         # value length (ALLOC, LEASE reply, READ request)
+    checksum: int = 0       # xxh3_64 of the whole value
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, VERSION, self.op, self.flags, self.status, self.request_id,
+                           self.key_len, self.count, self.payload_len, self.handle, self.offset,
+                           self.length, self.checksum)
+
+
+def unpack_header(data: bytes | bytearray | memoryview, *, max_payload: int) -> Header:
+    """Decode and validate a header. Raises ProtocolError naming the bad field."""
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"header is {len(data)} bytes; must be {HEADER_SIZE}")
+    (magic, version, op, flags, status, request_id, key_len, count, payload_len, handle, offset,
+     length, checksum) = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"magic is {magic:#010x}; must be {MAGIC:#010x}")
+    if version != VERSION:
+        raise ProtocolError(f"version is {version}; this peer speaks {VERSION}")
+    try:
+        op, status = Op(op), Status(status)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown opcode {op} or status {status}") from exc
+    if key_len > MAX_KEY_BYTES:
+        raise ProtocolError(f"key_len is {key_len}; limit is {MAX_KEY_BYTES}")
+    if payload_len > max_payload:
+        raise ProtocolError(f"payload_len is {payload_len}; limit is {max_payload}")
+    return Header(op, request_id, status, flags, key_len, count, payload_len, handle, offset,
+                  length, checksum)
+
+
+# ---- batch payloads -------------------------------------------------------------------------
+
+_KEY_LEN = struct.Struct("<H")
+GET_ENTRY = struct.Struct("<BQQ")     # status, length, checksum (BATCH_GET reply table)
+PUT_ENTRY = struct.Struct("<HQQ")     # key_len, length, checksum (BATCH_PUT request table)
+
+
+def encode_keys(keys: Sequence[bytes]) -> bytes:
+    """Keys as ``u16 length + bytes`` each (EXISTS and BATCH_GET payloads)."""
+    return b"".join(_KEY_LEN.pack(len(k)) + k for k in keys)
+
+
+def decode_keys(payload: bytes | memoryview, count: int) -> list[bytes]:
+    """Inverse of ``encode_keys``; raises ProtocolError if the payload does not hold ``count``."""
+    keys, pos, view = [], 0, memoryview(payload)
+    for _ in range(count):
+        if pos + 2 > len(view):
+            raise ProtocolError(f"key list ends after {len(keys)} of {count} keys")
+        (n,) = _KEY_LEN.unpack_from(view, pos)
+        pos += 2
+        if n == 0 or n > MAX_KEY_BYTES or pos + n > len(view):
+            raise ProtocolError(f"key {len(keys)} declares {n} bytes; must be 1..{MAX_KEY_BYTES}"
+                                " and inside the payload")
+        keys.append(bytes(view[pos:pos + n]))
+        pos += n
+    if pos != len(view):
+        raise ProtocolError(f"key list has {len(view) - pos} trailing bytes")
+    return keys
+
+
+# ---- statuses as exceptions: the one table ------------------------------------------------
+
+def raise_for_status(header: Header, context: str) -> None:
+    """Raise the exception that a failure status stands for; NOT_FOUND is absence, not failure."""
+    status = header.status
+    if status in (Status.OK, Status.NOT_FOUND):
+        return
+    if status == Status.NO_SPACE:
+        raise NoSpace(context)
+    if status == Status.CHECKSUM_MISMATCH:
+        raise ChecksumMismatch(context)
+    if status in (Status.BAD_REQUEST, Status.TOO_LARGE):
+        raise InvalidRequest(f"{context}: server answered {status.name}")
+    raise ServerError(status.name, context)

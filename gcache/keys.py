@@ -1,0 +1,36 @@
+"""Key validation and hashing: the one place that decides what a key is.
+
+A key is ``bytes`` or ``str`` (UTF-8), 1..1024 bytes (ARCHITECTURE §3). Hashes are xxh3: 64 bits
+for ring placement and value checksums, both seedless so that every language's SDK agrees.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+MAX_KEY_BYTES = 1024
+
+
+def validate_key(key: object) -> bytes:
+    """Return ``key`` as bytes. Raises TypeError for other types, ValueError for bad lengths."""
+    if isinstance(key, str):
+        raw = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        raw = bytes(key)
+    else:
+        raise TypeError(f"key must be str or bytes, not {type(key).__name__}")
+    if not raw:
+        raise ValueError("key is empty; a key is 1..1024 bytes")
+    if len(raw) > MAX_KEY_BYTES:
+        raise ValueError(f"key is {len(raw)} bytes; limit is {MAX_KEY_BYTES}")
+    return raw
+
+
+def key_hash(data: bytes) -> int:
+    """64-bit placement hash of a key or group."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """xxh3_64 of a value's bytes, as carried in frames and object headers."""
+    return xxhash.xxh3_64_intdigest(data)

@@ -1,0 +1,151 @@
+"""The client side of the data-plane protocol: one function per exchange, over one connection.
+
+Each function sends its request frames and reads exactly the replies they produce, so the
+connection is back in sync when it returns; on any exception the caller must close the
+connection (it may be mid-frame). Values move straight from the caller's buffer to the socket
+and from the socket into the caller's ``out``: no copy of ours, except ``get`` which has to
+hand back ``bytes``.
+
+Path choice over TCP: values up to ``io_size`` go as one PUT frame; larger ones as ALLOC, then
+WRITE frames of ``io_size`` each and COMMIT, all pipelined, so a put costs two round trips and a
+slice is the unit later IO-thread slicing can spread. Reads are one GET whose reply the server
+streams in ``io_size`` IOs: one round trip, because over TCP a lease buys nothing a single
+ordered stream does not already give. LEASE/READ/RELEASE serve the shared-memory path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gcache.errors import InvalidRequest, ProtocolError
+from gcache.frame import (GET_ENTRY, HEADER_SIZE, PUT_ENTRY, Header, Op, Status, encode_keys,
+                          raise_for_status, unpack_header)
+from gcache.transport.tcp import TcpConnection
+
+_MAX_REPLY_PAYLOAD = 1 << 42
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What a GET brought back: the value's length and whether its checksum held."""
+
+    length: int
+    checksum_ok: bool
+
+
+class Channel:
+    """One connection plus the request ids and timeout used on it."""
+
+    __slots__ = ("conn", "timeout_s", "_next_id")
+
+    def __init__(self, conn: TcpConnection, *, timeout_s: float) -> None:
+        self.conn = conn
+        self.timeout_s = timeout_s
+        self._next_id = 0
+
+    def request(self, op: Op, *, key: bytes = b"", payload: Sequence[bytes | memoryview] = (),
+                **fields: int) -> Header:
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        size = sum(len(p) for p in payload)
+        header = Header(op, self._next_id, key_len=len(key), payload_len=size, **fields)
+        self.conn.send((header.pack(), key, *payload), timeout_s=self.timeout_s)
+        return header
+
+    def reply(self, request: Header) -> Header:
+        raw = self.conn.recv_exact(HEADER_SIZE, timeout_s=self.timeout_s)
+        header = unpack_header(raw, max_payload=_MAX_REPLY_PAYLOAD)
+        if header.request_id != request.request_id or header.op != request.op:
+            raise ProtocolError(f"reply {header.op.name}#{header.request_id} does not answer "
+                                f"{request.op.name}#{request.request_id}")
+        return header
+
+    def payload(self, header: Header) -> bytearray:
+        return self.conn.recv_exact(header.payload_len, timeout_s=self.timeout_s)
+
+
+def put(ch: Channel, key: bytes, value: memoryview, checksum: int, *, io_size: int) -> Status:
+    """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors."""
+    if len(value) <= io_size:
+        reply = ch.reply(ch.request(Op.PUT, key=key, payload=(value,), checksum=checksum))
+        raise_for_status_except_space(reply, "PUT")
+        return reply.status
+    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=len(value)))
+    raise_for_status_except_space(alloc, "ALLOC")
+    if alloc.status != Status.OK:
+        return alloc.status
+    writes = [ch.request(Op.WRITE, payload=(value[off:off + io_size],), handle=alloc.handle,
+                         offset=off) for off in range(0, len(value), io_size)]
+    commit = ch.request(Op.COMMIT, handle=alloc.handle, checksum=checksum)
+    for write in writes:
+        raise_for_status(ch.reply(write), "WRITE")
+    reply = ch.reply(commit)
+    raise_for_status_except_space(reply, "COMMIT")
+    return reply.status
+
+
+def raise_for_status_except_space(reply: Header, context: str) -> None:
+    """NO_SPACE and CHECKSUM_MISMATCH are outcomes a put reports, not failures of the channel."""
+    if reply.status not in (Status.NO_SPACE, Status.CHECKSUM_MISMATCH):
+        raise_for_status(reply, context)
+
+
+def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
+    """Send GET and read the reply header; the value (``payload_len`` bytes) follows."""
+    request = ch.request(Op.GET, key=key)
+    reply = ch.reply(request)
+    raise_for_status(reply, "GET")
+    return request, reply
+
+
+def exists(ch: Channel, keys: Sequence[bytes]) -> list[bool]:
+    reply = ch.reply(ch.request(Op.EXISTS, payload=(encode_keys(keys),), count=len(keys)))
+    raise_for_status(reply, "EXISTS")
+    present = ch.payload(reply)
+    if len(present) != len(keys):
+        raise ProtocolError(f"EXISTS answered {len(present)} flags for {len(keys)} keys")
+    return [flag == 1 for flag in present]
+
+
+def delete(ch: Channel, key: bytes) -> bool:
+    reply = ch.reply(ch.request(Op.DELETE, key=key))
+    raise_for_status(reply, "DELETE")
+    return reply.status == Status.OK
+
+
+def stat(ch: Channel) -> dict:
+    reply = ch.reply(ch.request(Op.STAT))
+    raise_for_status(reply, "STAT")
+    return json.loads(bytes(ch.payload(reply)))
+
+
+def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
+              checksums: Sequence[int]) -> list[Status]:
+    table = b"".join(PUT_ENTRY.pack(len(k), len(v), c)
+                     for k, v, c in zip(keys, values, checksums))
+    reply = ch.reply(ch.request(Op.BATCH_PUT, payload=(table, b"".join(keys), *values),
+                                count=len(keys)))
+    raise_for_status(reply, "BATCH_PUT")
+    statuses = ch.payload(reply)
+    if len(statuses) != len(keys):
+        raise ProtocolError(f"BATCH_PUT answered {len(statuses)} statuses for {len(keys)} keys")
+    return [Status(s) for s in statuses]
+
+
+def batch_get_table(ch: Channel, keys: Sequence[bytes]) -> list[tuple[Status, int, int]]:
+    """Send BATCH_GET and read its entry table; the present values follow, in order."""
+    reply = ch.reply(ch.request(Op.BATCH_GET, payload=(encode_keys(keys),), count=len(keys)))
+    raise_for_status(reply, "BATCH_GET")
+    raw = ch.conn.recv_exact(len(keys) * GET_ENTRY.size, timeout_s=ch.timeout_s)
+    table = [GET_ENTRY.unpack_from(raw, i * GET_ENTRY.size) for i in range(len(keys))]
+    expected = len(raw) + sum(length for status, length, _ in table if status == Status.OK)
+    if expected != reply.payload_len:
+        raise ProtocolError(f"BATCH_GET table adds up to {expected} bytes, frame says "
+                            f"{reply.payload_len}")
+    return [(Status(s), length, csum) for s, length, csum in table]
+
+
+def check_fits(out: memoryview, length: int, what: str) -> None:
+    if len(out) < length:
+        raise InvalidRequest(f"{what} is {len(out)} bytes; the value is {length} bytes")

@@ -1,0 +1,194 @@
+"""The hot tier's memory: one shared-memory file cut into fixed-size segments, used as a log.
+
+Invariants:
+- An allocation is a *record* (object header, key, padding, value) placed in one segment, or,
+  when it is larger than a segment, in a *span* of consecutive segments that holds it alone.
+- Records are appended to the one open segment; when it is full it is sealed and a new one is
+  taken. Every segment (span) carries the sequence number of its opening, which is its age.
+- Space is made by evicting whole spans: the candidate window of consecutive segments whose
+  newest member is oldest, skipping any window that touches a pinned span. For a one-segment
+  allocation that is simply "a free segment, else the oldest unpinned one".
+- A pinned span (a lease or a write in flight) is never evicted or reused.
+
+The file lives in /dev/shm so that a later issue can re-attach to it after a crash; records are
+therefore self-describing (``RECORD``) and a value becomes valid only when its state is flipped
+to COMMITTED after its checksum was checked. Pages are touched at start (``prefault``): first
+touches cost about 10x a warm copy on these machines and must not land on the hot path.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gcache.errors import ConfigError, NoSpace
+
+RECORD = struct.Struct("<IBBHQQQ")   # magic, state, reserved, key_len, length, checksum, seq
+RECORD_MAGIC = 0x4A424F47            # b"GOBJ"
+STATE_PENDING, STATE_COMMITTED = 1, 2
+ALIGN = 64
+PAGE = 4096
+
+
+def record_size(key_len: int, length: int) -> int:
+    """Bytes a record of this key and value occupies, value start aligned to ``ALIGN``."""
+    return _align(_align(RECORD.size + key_len) + length)
+
+
+def value_offset(record_offset: int, key_len: int) -> int:
+    return record_offset + _align(RECORD.size + key_len)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+@dataclass(slots=True)
+class Segment:
+    index: int
+    seq: int = -1                 # -1 free; otherwise the age of the span this segment heads
+    fill: int = 0                 # bytes used (heads only)
+    pins: int = 0                 # leases and writes in flight (heads only)
+    span: int = 1                 # segments in this span (heads only)
+    head: int = -1                # index of the span's head; -1 when free
+    keys: list[bytes] = field(default_factory=list)   # keys with a record here (heads only)
+
+
+class Arena:
+    """Shared-memory segments and their allocation. Not thread-safe: the tier's lock guards it.
+
+    ``on_evict(head_segment)`` is called before a span is reused, so the owner can drop (or, in
+    the tiering issue, demote) the records it holds.
+    """
+
+    def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
+                 on_evict: Callable[[Segment], None]) -> None:
+        count = size_bytes // segment_size
+        if count < 2:
+            raise ConfigError("memory", size_bytes, "must hold at least two segments")
+        self.name = name
+        self.path = os.path.join("/dev/shm", name)
+        self.segment_size = segment_size
+        self.size_bytes = count * segment_size
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as exc:
+            raise ConfigError("shm_name", name, f"cannot create {self.path}: {exc}") from exc
+        try:
+            os.ftruncate(fd, self.size_bytes)
+            self._mmap = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED,
+                                   mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.view = memoryview(self._mmap)
+        if prefault:
+            self._prefault()
+        self.segments = [Segment(i) for i in range(count)]
+        self._open: Segment | None = None
+        self._next_seq = 0
+        self._on_evict = on_evict
+
+    def _prefault(self) -> None:
+        populate = getattr(mmap, "MADV_POPULATE_WRITE", None)
+        if populate is not None:
+            try:
+                self._mmap.madvise(populate)
+                return
+            except OSError:
+                pass       # kernels before 5.14: touch one byte per page instead
+        np.frombuffer(self._mmap, dtype=np.uint8)[::PAGE] = 0
+
+    # ---- allocation -------------------------------------------------------------------------
+
+    def allocate(self, n_bytes: int) -> tuple[Segment, int]:
+        """Reserve ``n_bytes``; returns the head segment and the absolute offset.
+
+        Raises NoSpace when every window large enough touches a pinned span.
+        """
+        if n_bytes > self.size_bytes:
+            raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
+        head = self._open
+        if head is not None and head.fill + n_bytes <= self.segment_size:
+            offset = head.index * self.segment_size + head.fill
+            head.fill += n_bytes
+            return head, offset
+        self._open = None
+        span = -(-n_bytes // self.segment_size)
+        start = self._choose_window(span)
+        if start is None:
+            raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
+                          "bytes to evict")
+        for index in range(start, start + span):
+            if self.segments[index].head >= 0:
+                self._evict_span(self.segments[self.segments[index].head])
+        head = self.segments[start]
+        head.seq, head.fill, head.span, head.pins = self._next_seq, n_bytes, span, 0
+        self._next_seq += 1
+        for index in range(start, start + span):
+            self.segments[index].head = start
+        if span == 1:
+            self._open = head
+        return head, start * self.segment_size
+
+    def _choose_window(self, span: int) -> int | None:
+        """Start of the window whose newest occupied member is oldest; free segments age -1."""
+        best, best_age = None, None
+        for start in range(len(self.segments) - span + 1):
+            age = -1
+            for index in range(start, start + span):
+                seg = self.segments[index]
+                if seg.head < 0:
+                    continue
+                head = self.segments[seg.head]
+                if head.pins > 0:
+                    age = None
+                    break
+                age = max(age, head.seq)
+            if age is not None and (best_age is None or age < best_age):
+                best, best_age = start, age
+                if age == -1:
+                    break
+        return best
+
+    def _evict_span(self, head: Segment) -> None:
+        self._on_evict(head)
+        for index in range(head.index, head.index + head.span):
+            seg = self.segments[index]
+            seg.head, seg.seq, seg.fill, seg.span, seg.pins = -1, -1, 0, 1, 0
+        head.keys = []
+
+    # ---- records ----------------------------------------------------------------------------
+
+    def write_record_header(self, offset: int, *, state: int, key: bytes, length: int,
+                            checksum: int, seq: int) -> None:
+        RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, 0, len(key), length, checksum,
+                         seq)
+        self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
+
+    def set_record_state(self, offset: int, state: int) -> None:
+        self.view[offset + 4] = state
+
+    def segment_of(self, offset: int) -> Segment:
+        return self.segments[self.segments[offset // self.segment_size].head]
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(s.span * self.segment_size if s.span > 1 else s.fill
+                   for s in self.segments if s.head == s.index)
+
+    def close(self, *, unlink: bool) -> None:
+        try:
+            self.view.release()
+            self._mmap.close()
+        except BufferError:
+            pass           # a handler thread still holds a slice; the process is exiting anyway
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,280 @@
+"""Serving one client connection: read a frame, act on the hot tier, send one reply.
+
+The stream stays in sync or the connection is dropped: a request whose payload cannot be
+consumed safely (a bad header, a payload larger than the limits) gets an error reply and the
+connection is closed; a request that is well-framed but wrong (unknown handle, no space) gets an
+error reply and the connection lives on. Whatever a connection leaves behind when it goes —
+writes never committed, leases never released — is aborted and released here, so a client that
+disconnects halfway through a write leaves nothing visible and pins nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from gcache.config import ServerConfig
+from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
+                           TransportError)
+from gcache.frame import (GET_ENTRY, HEADER_SIZE, PUT_ENTRY, Header, Op, Status, decode_keys,
+                          unpack_header)
+from gcache.keys import MAX_KEY_BYTES
+from gcache.server.tier import HotTier
+from gcache.transport.tcp import TcpConnection
+
+log = logging.getLogger(__name__)
+
+_KEYED = {Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE}
+_NO_PAYLOAD = {Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.RELEASE, Op.DELETE, Op.STAT}
+_KEY_LIST_MAX = 2 + MAX_KEY_BYTES
+
+
+class _Drop(Exception):
+    """Reply with ``status`` and close: the stream can no longer be trusted."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class ConnectionHandler:
+    """Serves requests on one connection until it closes or ``is_stopping()``."""
+
+    def __init__(self, conn: TcpConnection, tier: HotTier, config: ServerConfig, *,
+                 stat_extra: Callable[[], dict]) -> None:
+        self.conn = conn
+        self.tier = tier
+        self.config = config
+        self.io_timeout_s = max(10.0, config.lease_ttl_s)
+        self._stat_extra = stat_extra
+        self._handles: set[int] = set()     # pins this connection holds
+        self._max_payload = (max(config.max_value_size, config.memory)
+                             + 65535 * (PUT_ENTRY.size + MAX_KEY_BYTES))
+        self._scratch = memoryview(bytearray(min(config.io_size, 1 << 20)))
+        self._dispatch: dict[Op, Callable[[Header, bytes], None]] = {
+            Op.PUT: self._put, Op.GET: self._get, Op.ALLOC: self._alloc, Op.WRITE: self._write,
+            Op.COMMIT: self._commit, Op.LEASE: self._lease, Op.READ: self._read,
+            Op.RELEASE: self._release, Op.EXISTS: self._exists, Op.DELETE: self._delete,
+            Op.STAT: self._stat, Op.BATCH_GET: self._batch_get, Op.BATCH_PUT: self._batch_put,
+        }
+
+    def serve(self) -> None:
+        try:
+            while True:
+                raw = bytearray(HEADER_SIZE)
+                try:
+                    self.conn.recv_into(memoryview(raw), timeout_s=None)
+                except TransportError:
+                    return                                     # client went away between frames
+                header = None
+                try:
+                    header = unpack_header(raw, max_payload=self._max_payload)
+                    self._check_shape(header)
+                    key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s))
+                    self._dispatch[header.op](header, key)
+                except (ProtocolError, _Drop) as exc:
+                    status = exc.status if isinstance(exc, _Drop) else Status.BAD_REQUEST
+                    log.warning("conn.drop peer=%s reason=%s", self.conn.peer, exc)
+                    self._reply(header, status, fatal=True)
+                    return
+        except TransportError as exc:
+            log.info("conn.lost peer=%s reason=%s", self.conn.peer, exc)
+        except Exception:
+            log.exception("conn.crash peer=%s", self.conn.peer)
+        finally:
+            self._cleanup()
+
+    def _check_shape(self, h: Header) -> None:
+        if h.op in _KEYED and h.key_len == 0:
+            raise _Drop(Status.BAD_REQUEST, f"{h.op.name} needs a key of 1..{MAX_KEY_BYTES} bytes")
+        if h.op in _NO_PAYLOAD and h.payload_len:
+            raise _Drop(Status.BAD_REQUEST, f"{h.op.name} carries no payload, got {h.payload_len}")
+        if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size:
+            raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
+                        f"max_value_size {self.config.max_value_size}")
+        if h.op in (Op.EXISTS, Op.BATCH_GET) and h.payload_len > h.count * _KEY_LIST_MAX:
+            raise _Drop(Status.BAD_REQUEST, f"{h.count} keys cannot take {h.payload_len} bytes")
+
+    # ---- replies ------------------------------------------------------------------------------
+
+    def _reply(self, request: Header | None, status: Status, *, fatal: bool = False,
+               payload: tuple[bytes | memoryview, ...] = (), **fields: int) -> None:
+        op = request.op if request is not None else Op.STAT
+        request_id = request.request_id if request is not None else 0
+        size = sum(len(p) for p in payload)
+        header = Header(op, request_id, status, payload_len=size, **fields)
+        try:
+            self.conn.send((header.pack(), *payload), timeout_s=self.io_timeout_s)
+        except TransportError:
+            if not fatal:
+                raise
+
+    def _drain(self, n_bytes: int) -> None:
+        """Consume a payload we will not store, to keep the stream in sync."""
+        while n_bytes:
+            chunk = min(n_bytes, len(self._scratch))
+            self.conn.recv_into(self._scratch[:chunk], timeout_s=self.io_timeout_s)
+            n_bytes -= chunk
+
+    def _recv_value(self, key: bytes, length: int, expected: int) -> Status:
+        """Receive a value into a fresh extent and commit it; the status for the reply."""
+        try:
+            handle, target = self.tier.alloc(key, length)
+        except NoSpace as exc:
+            log.warning("put.no_space bytes=%d reason=%s", length, exc)
+            self._drain(length)
+            return Status.NO_SPACE
+        self._handles.add(handle)
+        try:
+            self.conn.recv_into(target, timeout_s=self.io_timeout_s)
+        finally:
+            target.release()
+        self._handles.discard(handle)
+        return self._commit_status(handle, expected)
+
+    def _commit_status(self, handle: int, expected: int) -> Status:
+        try:
+            self.tier.commit(handle, expected)
+            return Status.OK
+        except ChecksumMismatch as exc:
+            log.error("put.checksum_mismatch peer=%s %s", self.conn.peer, exc)
+            return Status.CHECKSUM_MISMATCH
+        except InvalidRequest:
+            return Status.UNKNOWN_HANDLE
+
+    # ---- operations ---------------------------------------------------------------------------
+
+    def _put(self, h: Header, key: bytes) -> None:
+        self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
+
+    def _get(self, h: Header, key: bytes) -> None:
+        leased = self.tier.lease(key)
+        if leased is None:
+            self._reply(h, Status.NOT_FOUND)
+            return
+        handle, entry, view = leased
+        try:
+            self._reply(h, Status.OK, payload=(view,), length=entry.length,
+                        checksum=entry.checksum)
+        finally:
+            view.release()
+            self.tier.release(handle)
+
+    def _alloc(self, h: Header, key: bytes) -> None:
+        if h.length == 0 or h.length > self.config.max_value_size:
+            self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
+            return
+        try:
+            handle, target = self.tier.alloc(key, h.length)
+        except NoSpace:
+            self._reply(h, Status.NO_SPACE)
+            return
+        target.release()
+        self._handles.add(handle)
+        self._reply(h, Status.OK, handle=handle, length=h.length)
+
+    def _write(self, h: Header, key: bytes) -> None:
+        try:
+            target = self.tier.write_target(h.handle, h.offset, h.payload_len)
+        except InvalidRequest:
+            self._drain(h.payload_len)
+            self._reply(h, Status.UNKNOWN_HANDLE)
+            return
+        try:
+            self.conn.recv_into(target, timeout_s=self.io_timeout_s)
+        finally:
+            target.release()
+        self._reply(h, Status.OK)
+
+    def _commit(self, h: Header, key: bytes) -> None:
+        status = self._commit_status(h.handle, h.checksum)
+        self._handles.discard(h.handle)
+        self._reply(h, status)
+
+    def _lease(self, h: Header, key: bytes) -> None:
+        leased = self.tier.lease(key)
+        if leased is None:
+            self._reply(h, Status.NOT_FOUND)
+            return
+        handle, entry, view = leased
+        view.release()
+        self._handles.add(handle)
+        self._reply(h, Status.OK, handle=handle, length=entry.length, checksum=entry.checksum)
+
+    def _read(self, h: Header, key: bytes) -> None:
+        try:
+            entry = self.tier.leased(h.handle)
+        except InvalidRequest:
+            self._reply(h, Status.UNKNOWN_HANDLE)
+            return
+        if h.length > self.config.io_size or h.offset + h.length > entry.length:
+            self._reply(h, Status.BAD_REQUEST)
+            return
+        view = self.tier.arena.view[entry.value + h.offset:entry.value + h.offset + h.length]
+        try:
+            self._reply(h, Status.OK, payload=(view,), offset=h.offset, length=h.length)
+        finally:
+            view.release()
+
+    def _release(self, h: Header, key: bytes) -> None:
+        self._handles.discard(h.handle)
+        self._reply(h, Status.OK if self.tier.release(h.handle) else Status.UNKNOWN_HANDLE)
+
+    def _read_keys(self, h: Header) -> list[bytes]:
+        payload = self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s)
+        return decode_keys(payload, h.count)
+
+    def _exists(self, h: Header, key: bytes) -> None:
+        keys = self._read_keys(h)
+        present = bytes(1 if self.tier.exists(k) else 0 for k in keys)
+        self._reply(h, Status.OK, payload=(present,), count=len(keys))
+
+    def _delete(self, h: Header, key: bytes) -> None:
+        self._reply(h, Status.OK if self.tier.delete(key) else Status.NOT_FOUND)
+
+    def _stat(self, h: Header, key: bytes) -> None:
+        stats = {"tier": self.tier.stats(), **self._stat_extra()}
+        self._reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
+
+    def _batch_get(self, h: Header, key: bytes) -> None:
+        leases = [self.tier.lease(k) for k in self._read_keys(h)]
+        table = b"".join(GET_ENTRY.pack(Status.NOT_FOUND, 0, 0) if lease is None else
+                         GET_ENTRY.pack(Status.OK, lease[1].length, lease[1].checksum)
+                         for lease in leases)
+        views = tuple(lease[2] for lease in leases if lease is not None)
+        try:
+            self._reply(h, Status.OK, payload=(table, *views), count=len(leases))
+        finally:
+            for lease in leases:
+                if lease is not None:
+                    lease[2].release()
+                    self.tier.release(lease[0])
+
+    def _batch_put(self, h: Header, key: bytes) -> None:
+        table_len = h.count * PUT_ENTRY.size
+        if table_len > h.payload_len:
+            raise _Drop(Status.BAD_REQUEST, f"{h.count} entries need a {table_len}-byte table")
+        table = self.conn.recv_exact(table_len, timeout_s=self.io_timeout_s)
+        entries = [PUT_ENTRY.unpack_from(table, i * PUT_ENTRY.size) for i in range(h.count)]
+        keys_len = sum(e[0] for e in entries)
+        if (any(not 1 <= e[0] <= MAX_KEY_BYTES or e[1] == 0 or e[1] > self.config.max_value_size
+                for e in entries)
+                or table_len + keys_len + sum(e[1] for e in entries) != h.payload_len):
+            raise _Drop(Status.BAD_REQUEST, "BATCH_PUT table does not match its payload or limits")
+        keys_blob = self.conn.recv_exact(keys_len, timeout_s=self.io_timeout_s)
+        statuses, pos = bytearray(), 0
+        for key_len, length, expected in entries:
+            entry_key = bytes(keys_blob[pos:pos + key_len])
+            pos += key_len
+            statuses.append(self._recv_value(entry_key, length, expected))
+        self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
+
+    def _cleanup(self) -> None:
+        for handle in self._handles:
+            if not self.tier.release(handle):
+                self.tier.abort(handle)
+        self._handles.clear()
+        self.conn.close()
+
+

@@ -1,0 +1,67 @@
+"""``gcache-server``: parse flags, load the config, serve until SIGTERM or SIGINT.
+
+The line ``gcache-server ready listen=HOST:PORT`` on stderr is a contract: test fixtures, the
+local cluster of ``make run`` and operators' scripts wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from gcache.config import ServerConfig, load_config, redacted
+from gcache.errors import GCacheError
+from gcache.server.daemon import DataServer
+
+log = logging.getLogger("gcache.server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gcache-server", description="GCache data server")
+    parser.add_argument("--listen", help="HOST:PORT of the TCP data plane")
+    parser.add_argument("--memory", help="hot-tier size, e.g. 4GiB")
+    parser.add_argument("--segment-size", dest="segment_size", help="arena segment size")
+    parser.add_argument("--shm-name", dest="shm_name", help="/dev/shm file name")
+    parser.add_argument("--io-size", dest="io_size", help="largest single IO, e.g. 1MiB")
+    parser.add_argument("--max-value-size", dest="max_value_size", help="largest value")
+    parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
+    parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
+    parser.add_argument("--no-prefault", dest="prefault", action="store_const", const=False,
+                        help="do not touch arena pages at start")
+    parser.add_argument("--config", help="TOML file with a [server] section")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
+    try:
+        config = load_config(ServerConfig, "server", path=args.config, flags=flags)
+        server = DataServer(config)
+    except GCacheError as exc:
+        sys.stderr.write(f"gcache-server: {exc}\n")
+        return 2
+    log.info("server.config %s", " ".join(f"{k}={v}" for k, v in redacted(config).items()))
+    if config.metrics_listen:
+        from gcache.server.metrics import serve_metrics
+        serve_metrics(config.metrics_listen, server)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.stop.set())
+    server.start()
+    sys.stderr.write(f"gcache-server ready listen={server.address}\n")
+    sys.stderr.flush()
+    while not server.stop.wait(1.0):
+        pass
+    log.info("server.stopping address=%s", server.address)
+    server.shutdown()
+    log.info("server.stopped address=%s", server.address)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Prometheus metrics of a data server, read from the tier's own counters at scrape time.
+
+A collector rather than counters updated on the hot path: the tier already counts under its
+lock, and a scrape every few seconds is cheaper than an increment per request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import start_http_server
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gcache.transport.tcp import parse_address
+
+if TYPE_CHECKING:
+    from gcache.server.daemon import DataServer
+
+_COUNTERS = {"hits": "gcache_server_hits_total", "misses": "gcache_server_misses_total",
+             "puts": "gcache_server_puts_total", "deletes": "gcache_server_deletes_total",
+             "checksum_failures": "gcache_server_checksum_failures_total",
+             "evicted_objects": "gcache_server_evicted_objects_total",
+             "evicted_segments": "gcache_server_evicted_segments_total",
+             "expired_pins": "gcache_server_expired_pins_total"}
+_GAUGES = {"objects": "gcache_server_objects", "bytes": "gcache_server_value_bytes",
+           "capacity_bytes": "gcache_server_capacity_bytes",
+           "used_bytes": "gcache_server_used_bytes", "pins": "gcache_server_pins"}
+
+
+class TierCollector(Collector):
+    def __init__(self, server: DataServer) -> None:
+        self._server = server
+
+    def collect(self):
+        stats = self._server.tier.stats()
+        for key, name in _COUNTERS.items():
+            yield CounterMetricFamily(name, f"hot tier {key}", value=stats[key])
+        for key, name in _GAUGES.items():
+            yield GaugeMetricFamily(name, f"hot tier {key}", value=stats[key])
+
+
+def serve_metrics(address: str, server: DataServer) -> None:
+    """Register the collector and serve /metrics on ``address`` from a daemon thread."""
+    REGISTRY.register(TierCollector(server))
+    host, port = parse_address(address)
+    start_http_server(port, addr=host)

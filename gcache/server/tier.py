@@ -1,0 +1,214 @@
+"""The hot tier: the index of committed values over the arena, leases and writes in flight.
+
+Invariants (all under ``_lock``; value bytes are copied outside it, protected by pins):
+- A key is in the index only after COMMIT checked its xxh3_64 checksum; a write that fails,
+  is abandoned or mismatches is never visible.
+- Every lease and every pending write pins its span; pins are dropped on RELEASE / COMMIT /
+  abort, or by ``reap_expired`` once ``lease_ttl_s`` has passed, so a dead client cannot pin
+  memory for longer than that.
+- Replacing or deleting a key leaves the old record's bytes in place until its span is evicted,
+  so a reader holding a lease on the old value still reads intact bytes.
+
+Eviction is the arena's (oldest unpinned span). ``evicted`` is the seam where the tiering issue
+will demote records to disk instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+from gcache.errors import ChecksumMismatch, InvalidRequest
+from gcache.keys import checksum
+from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, Arena, Segment, record_size,
+                                 value_offset)
+
+
+@dataclass(slots=True)
+class Entry:
+    key: bytes
+    record: int        # absolute offset of the record header
+    value: int         # absolute offset of the value
+    length: int        # value bytes
+    checksum: int      # xxh3_64 of the value
+    head: Segment      # span holding the record
+
+
+@dataclass(slots=True)
+class Pin:
+    entry: Entry
+    expires_s: float   # time.monotonic() deadline
+    pending: bool      # a write in flight (True) or a read lease (False)
+
+
+@dataclass(slots=True)
+class TierCounters:
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    deletes: int = 0
+    checksum_failures: int = 0
+    evicted_objects: int = 0
+    evicted_segments: int = 0
+    expired_pins: int = 0
+
+
+class HotTier:
+    def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
+                 lease_ttl_s: float) -> None:
+        self._lock = threading.Lock()
+        self._index: dict[bytes, Entry] = {}
+        self._pins: dict[int, Pin] = {}
+        self._handles = itertools.count(1)
+        self._seq = itertools.count(1)
+        self.lease_ttl_s = lease_ttl_s
+        self.counters = TierCounters()
+        self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
+                           prefault=prefault, on_evict=self._evicted)
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    def alloc(self, key: bytes, length: int) -> tuple[int, memoryview]:
+        """Reserve space for ``key``; returns a write handle and the value's memory.
+
+        Raises NoSpace (every candidate span pinned).
+        """
+        with self._lock:
+            head, record = self.arena.allocate(record_size(len(key), length))
+            entry = Entry(key, record, value_offset(record, len(key)), length, 0, head)
+            self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
+                                           checksum=0, seq=next(self._seq))
+            head.keys.append(key)
+            return self._pin(entry, pending=True), self.arena.view[entry.value:entry.value + length]
+
+    def write_target(self, handle: int, offset: int, n_bytes: int) -> memoryview:
+        """The slice of a pending write's extent at ``offset``. Raises InvalidRequest."""
+        with self._lock:
+            pin = self._pins.get(handle)
+            if pin is None or not pin.pending:
+                raise InvalidRequest(f"handle {handle} is not a write in flight")
+            entry = pin.entry
+        if offset + n_bytes > entry.length:
+            raise InvalidRequest(f"write of {n_bytes} bytes at offset {offset} overruns the "
+                                 f"{entry.length}-byte extent")
+        return self.arena.view[entry.value + offset:entry.value + offset + n_bytes]
+
+    def commit(self, handle: int, expected: int) -> None:
+        """Make a pending write visible if its bytes match ``expected`` (xxh3_64).
+
+        Raises InvalidRequest for an unknown handle, ChecksumMismatch (the write is dropped).
+        """
+        with self._lock:
+            pin = self._pins.pop(handle, None)
+            if pin is None or not pin.pending:
+                if pin is not None:
+                    self._pins[handle] = pin
+                raise InvalidRequest(f"handle {handle} is not a write in flight")
+        entry = pin.entry
+        actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
+        with self._lock:
+            entry.head.pins -= 1
+            if actual != expected:
+                self.counters.checksum_failures += 1
+                raise ChecksumMismatch(f"value of {entry.length} bytes hashes to {actual:#x}, "
+                                       f"COMMIT said {expected:#x}")
+            entry.checksum = actual
+            self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
+                                           length=entry.length, checksum=actual,
+                                           seq=next(self._seq))
+            self.arena.set_record_state(entry.record, STATE_COMMITTED)
+            self._index[entry.key] = entry
+            self.counters.puts += 1
+
+    def abort(self, handle: int) -> None:
+        """Drop a pending write (its bytes stay unreachable until the span is evicted)."""
+        with self._lock:
+            pin = self._pins.get(handle)
+            if pin is not None and pin.pending:
+                del self._pins[handle]
+                pin.entry.head.pins -= 1
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    def lease(self, key: bytes) -> tuple[int, Entry, memoryview] | None:
+        """Pin ``key``'s value for reading; None when absent."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                self.counters.misses += 1
+                return None
+            self.counters.hits += 1
+            handle = self._pin(entry, pending=False)
+        return handle, entry, self.arena.view[entry.value:entry.value + entry.length]
+
+    def leased(self, handle: int) -> Entry:
+        """The entry a read lease pins. Raises InvalidRequest for an unknown handle."""
+        with self._lock:
+            pin = self._pins.get(handle)
+            if pin is None or pin.pending:
+                raise InvalidRequest(f"handle {handle} is not a read lease")
+            return pin.entry
+
+    def release(self, handle: int) -> bool:
+        with self._lock:
+            pin = self._pins.get(handle)
+            if pin is None or pin.pending:
+                return False
+            del self._pins[handle]
+            pin.entry.head.pins -= 1
+            return True
+
+    def exists(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._index
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            entry = self._index.pop(key, None)
+            if entry is None:
+                return False
+            self.counters.deletes += 1
+            return True
+
+    # ---- upkeep -----------------------------------------------------------------------------
+
+    def reap_expired(self, now_s: float | None = None) -> int:
+        """Drop pins whose TTL passed; returns how many."""
+        now_s = time.monotonic() if now_s is None else now_s
+        with self._lock:
+            expired = [h for h, pin in self._pins.items() if pin.expires_s <= now_s]
+            for handle in expired:
+                self._pins.pop(handle).entry.head.pins -= 1
+            self.counters.expired_pins += len(expired)
+        return len(expired)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            live = sum(e.length for e in self._index.values())
+            out = {"objects": len(self._index), "bytes": live,
+                   "capacity_bytes": self.arena.size_bytes, "used_bytes": self.arena.used_bytes,
+                   "segments": len(self.arena.segments), "pins": len(self._pins)}
+            out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
+            return out
+
+    def close(self, *, unlink: bool) -> None:
+        self.arena.close(unlink=unlink)
+
+    def _pin(self, entry: Entry, *, pending: bool) -> int:
+        handle = next(self._handles)
+        entry.head.pins += 1
+        self._pins[handle] = Pin(entry, time.monotonic() + self.lease_ttl_s, pending)
+        return handle
+
+    def _evicted(self, head: Segment) -> None:
+        """Arena callback under ``_lock``: forget the records of a span about to be reused."""
+        dropped = 0
+        for key in head.keys:
+            entry = self._index.get(key)
+            if entry is not None and entry.head is head:
+                del self._index[key]
+                dropped += 1
+        self.counters.evicted_objects += dropped
+        self.counters.evicted_segments += 1
