@@ -34,3 +34,8 @@ def key_hash(data: bytes) -> int:
 def checksum(data: bytes | memoryview) -> int:
     """xxh3_64 of a value's bytes, as carried in frames and object headers."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+def checksum_stream() -> xxhash.xxh3_64:
+    """An incremental ``checksum``: ``update`` piece by piece, then ``intdigest()``."""
+    return xxhash.xxh3_64()

@@ -23,7 +23,7 @@ from gcache.config import ClientConfig
 from gcache.errors import (ConnectFailed, ConnectionLost, InvalidRequest, IOTimeout,
                            ProtocolError, ServerError, TransportError)
 from gcache.frame import Status
-from gcache.keys import checksum, validate_key
+from gcache.keys import checksum, checksum_stream, validate_key
 from gcache.ring import Ring
 from gcache.sdk import protocol
 from gcache.sdk.metrics import ClientStats
@@ -196,18 +196,20 @@ class Client:
             length = reply.payload_len
             target = memoryview(bytearray(length)) if out is None else out
             protocol.check_fits(target, length, "out")
-            ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s)
-            if not self._verified(target[:length], reply.checksum):
+            if not self._recv_verified(ch, target[:length], reply.checksum):
                 return MISS
             return length if out is not None else bytes(target.obj)   # type: ignore[arg-type]
 
         result = self._call(self._owner(key, group), exchange)
         return self._read_outcome(result)
 
-    def _verified(self, data: memoryview, expected: int) -> bool:
-        if not self.config.verify_checksum or checksum(data) == expected:
+    def _recv_verified(self, ch: Channel, target: memoryview, expected: int) -> bool:
+        """Receive a value into ``target``, hashing as it arrives; False on a mismatch."""
+        hasher = checksum_stream() if self.config.verify_checksum else None
+        ch.conn.recv_into(target, timeout_s=ch.timeout_s, hasher=hasher)
+        if hasher is None or hasher.intdigest() == expected:
             return True
-        log.error("sdk.checksum_mismatch bytes=%d", len(data))
+        log.error("sdk.checksum_mismatch server=%s bytes=%d", ch.conn.peer, len(target))
         self._stats.miss("checksum")
         return False
 
@@ -298,8 +300,7 @@ class Client:
                     found.append(None)
                     continue
                 target = memoryview(bytearray(length)) if outs is None else outs[i][:length]
-                ch.conn.recv_into(target, timeout_s=ch.timeout_s)
-                if not self._verified(target, expected):
+                if not self._recv_verified(ch, target, expected):
                     found.append(MISS)
                 else:
                     found.append(length if outs is not None else bytes(target.obj))

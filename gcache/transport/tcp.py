@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from typing import Protocol
 
 from gcache.errors import ConnectFailed, ConnectionLost, IOTimeout
+
+class Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
 
 _JOIN_LIMIT = 64 * 1024      # pieces smaller than this are joined before sending
 SOCKET_BUFFER_BYTES = 4 << 20
@@ -75,7 +80,9 @@ class TcpConnection:
         except OSError as exc:
             raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
 
-    def recv_into(self, buf: memoryview, *, timeout_s: float | None) -> None:
+    def recv_into(self, buf: memoryview, *, timeout_s: float | None,
+                  hasher: Hasher | None = None) -> None:
+        """Fill ``buf``; with ``hasher``, feed it each piece while the piece is still in cache."""
         self._set_timeout(timeout_s)
         got, total = 0, len(buf)
         try:
@@ -84,6 +91,8 @@ class TcpConnection:
                 if n == 0:
                     raise ConnectionLost(f"{self.peer} closed the connection after {got} of "
                                          f"{total} bytes")
+                if hasher is not None:
+                    hasher.update(buf[got:got + n])
                 got += n
         except socket.timeout as exc:
             raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({got} of {total} "

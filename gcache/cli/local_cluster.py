@@ -1,0 +1,132 @@
+"""Real ``gcache-server`` processes on loopback, for ``make run``, benchmarks and tests.
+
+Each server listens on port 0 and reports its real address in its ready line, so there is no
+race for free ports. Every process started here is ended here, by its PID, and its
+shared-memory file is removed, also after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+READY = "gcache-server ready listen="
+
+
+@dataclass
+class ServerProcess:
+    index: int
+    shm_name: str
+    log_path: str
+    args: list[str]
+    proc: subprocess.Popen | None = None
+    address: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalCluster:
+    """``n_servers`` data servers of ``memory`` each on 127.0.0.1. A context manager."""
+
+    def __init__(self, n_servers: int = 2, *, memory: str = "256MiB",
+                 server_args: tuple[str, ...] = (), log_dir: str | None = None,
+                 ready_timeout_s: float = 30.0) -> None:
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
+        self.ready_timeout_s = ready_timeout_s
+        tag = uuid.uuid4().hex[:8]
+        self.servers = [
+            ServerProcess(i, f"gcache-{tag}-{i}", os.path.join(self.log_dir, f"server-{i}.log"),
+                          ["--memory", memory, *server_args])
+            for i in range(n_servers)]
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.servers]
+
+    def start(self) -> None:
+        for server in self.servers:
+            self._launch(server, listen="127.0.0.1:0")
+        for server in self.servers:
+            self._wait_ready(server)
+
+    def _launch(self, server: ServerProcess, *, listen: str) -> None:
+        log = open(server.log_path, "ab")
+        cmd = [sys.executable, "-m", "gcache.server.main", "--listen", listen,
+               "--shm-name", server.shm_name, *server.args]
+        server.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        server.extra["log_offset"] = os.path.getsize(server.log_path)
+
+    def _wait_ready(self, server: ServerProcess) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        offset = server.extra.get("log_offset", 0)
+        while time.monotonic() < deadline:
+            with open(server.log_path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(offset)
+                for line in fh:
+                    if line.startswith(READY):
+                        server.address = line[len(READY):].strip()
+                        return
+            if not server.is_running():
+                raise RuntimeError(f"gcache-server {server.index} exited with "
+                                   f"{server.proc.returncode}; log: {self.tail(server)}")
+            time.sleep(0.02)
+        raise RuntimeError(f"gcache-server {server.index} not ready after "
+                           f"{self.ready_timeout_s}s; log: {self.tail(server)}")
+
+    def tail(self, server: ServerProcess, lines: int = 20) -> str:
+        with open(server.log_path, encoding="utf-8", errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:])
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one server (a crash); its address stays known for a restart."""
+        server = self.servers[index]
+        if server.is_running():
+            os.kill(server.pid, signal.SIGKILL)
+            server.proc.wait(10)
+
+    def restart(self, index: int) -> None:
+        """Start a stopped server again on its old address."""
+        server = self.servers[index]
+        self._launch(server, listen=server.address)
+        self._wait_ready(server)
+
+    def terminate(self, index: int, *, timeout_s: float = 10.0) -> int:
+        """SIGTERM one server and wait; returns its exit code (SIGKILL after ``timeout_s``)."""
+        server = self.servers[index]
+        if not server.is_running():
+            return server.proc.returncode if server.proc else 0
+        os.kill(server.pid, signal.SIGTERM)
+        try:
+            return server.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, signal.SIGKILL)
+            return server.proc.wait(10)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            if server.proc is not None:
+                self.terminate(server.index)
+            try:
+                os.unlink(os.path.join("/dev/shm", server.shm_name))
+            except FileNotFoundError:
+                pass
