@@ -1,0 +1,42 @@
+"""Fixtures: real gcache-server processes on 127.0.0.1, with shrunken timeouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from gcache.cli.local_cluster import LocalCluster
+from gcache.sdk import Client
+
+FAST_SERVER_ARGS = ("--segment-size", "4MiB", "--lease-ttl", "1.0")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """Two servers shared by a module's tests (tests use distinct keys)."""
+    with LocalCluster(2, memory="512MiB", server_args=FAST_SERVER_ARGS,
+                      log_dir=str(tmp_path_factory.mktemp("logs"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(shared_cluster):
+    with Client(shared_cluster.addresses, timeout_s=2.0) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    """Start a private cluster: ``cluster_factory(n, memory=..., server_args=...)``."""
+    started: list[LocalCluster] = []
+
+    def make(n_servers: int = 1, *, memory: str = "64MiB",
+             server_args: tuple[str, ...] = FAST_SERVER_ARGS) -> LocalCluster:
+        cluster = LocalCluster(n_servers, memory=memory, server_args=server_args,
+                               log_dir=str(tmp_path / f"cluster{len(started)}"))
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()

@@ -1,0 +1,64 @@
+import pytest
+
+from gcache.config import ClientConfig, ServerConfig, load_config, parse_size, redacted
+from gcache.errors import ConfigError
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("4GiB", 4 << 30), ("512 MiB", 512 << 20), ("64k", 64000), ("64KiB", 65536), ("1tb", 10**12),
+    ("1.5MiB", 3 << 19), (123, 123), ("77", 77),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "4 parsecs", "GiB", "-1", True])
+def test_parse_size_refuses_nonsense_naming_it(text):
+    with pytest.raises(ConfigError, match="must be a size"):
+        parse_size(text, key="memory")
+
+
+def test_precedence_is_toml_then_environment_then_flags(tmp_path):
+    path = tmp_path / "gcache.toml"
+    path.write_text('[server]\nmemory = "1GiB"\nlisten = "127.0.0.1:1"\nlease_ttl_s = 2.5\n')
+    env = {"GCACHE_SERVER_MEMORY": "2GiB", "GCACHE_SERVER_LISTEN": "127.0.0.1:2"}
+    config = load_config(ServerConfig, "server", path=str(path), env=env,
+                         flags={"listen": "127.0.0.1:3", "memory": None})
+    assert (config.memory, config.listen, config.lease_ttl_s) == (2 << 30, "127.0.0.1:3", 2.5)
+
+
+def test_unknown_keys_are_errors_everywhere(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nmemroy = 1\n")
+    with pytest.raises(ConfigError, match="memroy.*unknown key"):
+        load_config(ServerConfig, "server", path=str(path), env={})
+    with pytest.raises(ConfigError, match="GCACHE_SERVER_NOPE"):
+        load_config(ServerConfig, "server", env={"GCACHE_SERVER_NOPE": "1"})
+
+
+@pytest.mark.parametrize("cls,kwargs,message", [
+    (ServerConfig, {"listen": "nohost"}, "HOST:PORT"),
+    (ServerConfig, {"memory": 1 << 20}, "at least two segments"),
+    (ServerConfig, {"io_size": 100}, "between 4KiB"),
+    (ClientConfig, {"servers": ("a:1", "a:1")}, "repeat"),
+    (ClientConfig, {"timeout_s": 0}, "positive"),
+    (ClientConfig, {"io_threads": 0}, "between 1 and 256"),
+])
+def test_rules_are_checked_with_the_value_in_the_message(cls, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        cls(**kwargs)
+
+
+def test_config_is_frozen_and_secrets_are_redacted():
+    config = ClientConfig(servers=("h:1",), token="s3cret")
+    with pytest.raises(AttributeError):
+        config.timeout_s = 1.0  # type: ignore[misc]
+    assert redacted(config)["token"] == "***"
+
+
+def test_booleans_and_lists_from_the_environment():
+    config = load_config(ClientConfig, "client", env={"GCACHE_CLIENT_SERVERS": "a:1, b:2",
+                                                      "GCACHE_CLIENT_VERIFY_CHECKSUM": "no"})
+    assert config.servers == ("a:1", "b:2") and config.verify_checksum is False
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(ClientConfig, "client", env={"GCACHE_CLIENT_VERIFY_CHECKSUM": "maybe"})

@@ -1,0 +1,115 @@
+"""The hot tier in-process: allocation, commit, leases, eviction order (real shared memory)."""
+
+import time
+import uuid
+
+import pytest
+
+from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
+from gcache.keys import checksum
+from gcache.server.tier import HotTier
+
+SEG = 64 * 1024
+
+
+@pytest.fixture
+def tier():
+    t = HotTier(name=f"gcache-unit-{uuid.uuid4().hex[:8]}", size_bytes=8 * SEG, segment_size=SEG,
+                prefault=True, lease_ttl_s=60.0)
+    yield t
+    t.close(unlink=True)
+
+
+def put(tier, key: bytes, value: bytes) -> None:
+    handle, target = tier.alloc(key, len(value))
+    target[:] = value
+    tier.commit(handle, checksum(value))
+
+
+def read(tier, key: bytes) -> bytes | None:
+    leased = tier.lease(key)
+    if leased is None:
+        return None
+    handle, _, view = leased
+    try:
+        return bytes(view)
+    finally:
+        tier.release(handle)
+
+
+def test_committed_values_read_back(tier):
+    put(tier, b"a", b"x" * 1000)
+    assert read(tier, b"a") == b"x" * 1000
+    assert tier.stats()["objects"] == 1
+
+
+def test_uncommitted_and_mismatched_writes_are_never_visible(tier):
+    handle, target = tier.alloc(b"k", 10)
+    target[:] = b"0123456789"
+    assert read(tier, b"k") is None
+    with pytest.raises(ChecksumMismatch):
+        tier.commit(handle, checksum(b"something else"))
+    assert read(tier, b"k") is None and tier.stats()["checksum_failures"] == 1
+    with pytest.raises(InvalidRequest, match="not a write in flight"):
+        tier.commit(handle, 0)
+
+
+def test_eviction_drops_the_oldest_segment_first(tier):
+    value = b"v" * (SEG // 2 - 256)              # two records per segment
+    keys = [f"k{i}".encode() for i in range(24)]
+    for key in keys:
+        put(tier, key, value)
+    present = [k for k in keys if read(tier, k) is not None]
+    assert present == keys[-len(present):]       # a suffix: the oldest went first
+    assert 12 <= len(present) <= 16 and tier.stats()["evicted_segments"] >= 4
+
+
+def test_a_lease_pins_its_segment_against_eviction(tier):
+    value = b"p" * (SEG - 256)
+    put(tier, b"pinned", value)
+    handle, _, view = tier.lease(b"pinned")
+    for i in range(20):
+        put(tier, f"other{i}".encode(), value)
+    assert bytes(view) == value                  # never overwritten while leased
+    tier.release(handle)
+    for i in range(20):
+        put(tier, f"more{i}".encode(), value)
+    assert read(tier, b"pinned") is None
+
+
+def test_when_everything_is_pinned_there_is_no_space(tier):
+    value = b"z" * (SEG - 256)
+    handles = []
+    for i in range(8):
+        put(tier, f"k{i}".encode(), value)
+        handles.append(tier.lease(f"k{i}".encode())[0])
+    with pytest.raises(NoSpace):
+        tier.alloc(b"new", len(value))
+    tier.release(handles[0])
+    tier.alloc(b"new", len(value))
+
+
+def test_values_larger_than_a_segment_take_a_span(tier):
+    big = bytes(range(256)) * (3 * SEG // 256)
+    put(tier, b"big", big)
+    assert read(tier, b"big") == big
+    with pytest.raises(NoSpace, match="exceed"):
+        tier.alloc(b"huge", 9 * SEG)
+
+
+def test_expired_pins_are_reaped(tier):
+    handle, _ = tier.alloc(b"abandoned", 100)
+    assert tier.stats()["pins"] == 1
+
+    assert tier.reap_expired(time.monotonic() + 61) == 1
+    assert tier.stats()["pins"] == 0
+    with pytest.raises(InvalidRequest):
+        tier.write_target(handle, 0, 10)
+
+
+def test_a_deleted_key_stays_readable_through_an_open_lease(tier):
+    put(tier, b"d", b"old bytes")
+    handle, _, view = tier.lease(b"d")
+    assert tier.delete(b"d") and not tier.exists(b"d")
+    assert bytes(view) == b"old bytes"
+    tier.release(handle)

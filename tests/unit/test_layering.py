@@ -1,0 +1,52 @@
+"""ARCHITECTURE §2: imports point down. Parses every import under gcache/ with ast."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "gcache"
+BANNED = {
+    "server": ("gcache.sdk", "gcache.kv", "gcache.master", "gcache.cli", "gcache_sglang",
+               "gcache_vllm", "torch"),
+    "master": ("gcache.sdk", "gcache.kv", "gcache.server", "gcache.transport", "gcache.cli"),
+    "sdk": ("gcache.server", "gcache.master", "gcache.kv", "gcache.cli", "gcache_sglang",
+            "gcache_vllm"),
+    "transport": ("gcache.server", "gcache.master", "gcache.sdk", "gcache.kv", "gcache.cli"),
+    "kv": ("gcache.server", "gcache.master", "gcache.router", "gcache.cli", "gcache_sglang",
+           "gcache_vllm"),
+}
+TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.errors", "gcache.keys", "gcache.ring",
+                     "gcache.frame", "gcache.buffer")
+
+
+def imports(path: pathlib.Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+
+
+def test_packages_import_only_downwards():
+    bad = []
+    for package, banned in BANNED.items():
+        for path in (ROOT / package).rglob("*.py"):
+            bad += [f"{path}:{line} imports {name}" for line, name in imports(path)
+                    if any(name == b or name.startswith(b + ".") for b in banned)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"))
+def test_top_level_modules_import_only_each_other(path):
+    bad = [f"{path}:{line} imports {name}" for line, name in imports(ROOT / path)
+           if name.startswith("gcache") and name not in TOP_LEVEL_ALLOWED]
+    assert not bad, bad
+
+
+def test_importing_the_server_does_not_import_the_sdk():
+    import subprocess
+    import sys
+    code = "import sys, gcache.server; print('gcache.sdk' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

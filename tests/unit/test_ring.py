@@ -1,0 +1,53 @@
+from collections import Counter
+
+import pytest
+
+from gcache.ring import Ring
+
+SERVERS = [f"10.0.0.{i}:7700" for i in range(8)]
+KEYS = [f"key-{i}".encode() for i in range(20000)]
+
+
+def test_owner_is_deterministic_and_on_the_ring():
+    ring = Ring.uniform(SERVERS)
+    assert all(ring.owner(k) == Ring.uniform(list(reversed(SERVERS))).owner(k) for k in KEYS[:500])
+    assert {ring.owner(k) for k in KEYS} == set(SERVERS)
+
+
+def test_uniform_ring_spreads_keys_within_a_third_of_the_mean():
+    counts = Counter(Ring.uniform(SERVERS, vnodes=128).owner(k) for k in KEYS)
+    mean = len(KEYS) / len(SERVERS)
+    assert all(abs(c - mean) < mean / 3 for c in counts.values()), counts
+
+
+def test_capacity_weights_pull_keys_in_proportion():
+    weights = {SERVERS[0]: 3.0, SERVERS[1]: 1.0}
+    counts = Counter(Ring(weights, vnodes=128).owner(k) for k in KEYS)
+    assert 2.0 < counts[SERVERS[0]] / counts[SERVERS[1]] < 4.5
+
+
+def test_removing_a_server_moves_only_its_keys():
+    before = Ring.uniform(SERVERS)
+    after = Ring.uniform(SERVERS[1:])
+    moved = [k for k in KEYS if before.owner(k) != after.owner(k)]
+    assert moved and all(before.owner(k) == SERVERS[0] for k in moved)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_a_group_stripes_over_group_width_servers(width):
+    ring = Ring.uniform(SERVERS)
+    owners = {ring.owner(k, group=b"prefix-root", group_width=width) for k in KEYS[:2000]}
+    assert len(owners) == width
+    assert owners == set(ring.successors(__import__("gcache.keys").keys.key_hash(b"prefix-root"),
+                                         width))
+
+
+def test_group_width_larger_than_cluster_uses_every_server():
+    ring = Ring.uniform(SERVERS[:2])
+    assert {ring.owner(k, group=b"g", group_width=5) for k in KEYS[:500]} == set(SERVERS[:2])
+
+
+def test_empty_ring_owns_nothing_and_bad_weights_are_refused():
+    assert Ring.uniform([]).owner(b"k") is None
+    with pytest.raises(ValueError, match="positive"):
+        Ring({"a:1": 0.0})
