@@ -44,6 +44,7 @@ class LocalCluster:
                  server_args: tuple[str, ...] = (), log_dir: str | None = None,
                  ready_timeout_s: float = 30.0) -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
+        os.makedirs(self.log_dir, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
         tag = uuid.uuid4().hex[:8]
         self.servers = [

@@ -1,0 +1,74 @@
+"""A dead server is a fast miss, never an exception or a stall."""
+
+import time
+
+from gcache import Client
+from gcache.ring import Ring
+from tests.helpers import sdk_metric
+
+TIMEOUT_S = 0.2
+
+
+def keys_owned_by(address: str, servers: list[str], n: int) -> list[str]:
+    ring = Ring.uniform(servers)
+    keys = (f"death/{i}" for i in range(100_000))
+    return [k for k in keys if ring.owner(k.encode()) == address][:n]
+
+
+def test_killed_server_turns_into_misses_within_two_timeouts(cluster_factory):
+    cluster = cluster_factory(2, memory="64MiB")
+    servers = cluster.addresses
+    with Client(servers, timeout_s=TIMEOUT_S) as client:
+        doomed = keys_owned_by(servers[0], servers, 20)
+        alive = keys_owned_by(servers[1], servers, 20)
+        assert all(client.batch_put(doomed + alive, [b"x" * 4096] * 40))
+        before = sdk_metric("gcache_sdk_misses_total")
+        cluster.kill(0)
+        for key in doomed:
+            start = time.monotonic()
+            assert client.get(key) is None                    # a miss, not an exception
+            assert time.monotonic() - start < 2 * TIMEOUT_S
+        assert client.batch_get(alive) == [b"x" * 4096] * 20  # the other server is untouched
+        assert client.batch_get(doomed) == [None] * 20
+        assert client.put(doomed[0], b"y") is False
+        assert client.exists(doomed[0]) is False
+        assert sdk_metric("gcache_sdk_misses_total") >= before + 20
+        assert servers[0] in client.stats()["suspect_servers"]
+
+
+def test_a_restarted_server_is_used_again_after_the_suspect_window(cluster_factory):
+    cluster = cluster_factory(1, memory="64MiB")
+    with Client(cluster.addresses, timeout_s=TIMEOUT_S, suspect_s=0.3) as client:
+        assert client.put("k", b"v")
+        cluster.kill(0)
+        assert client.get("k") is None
+        cluster.restart(0)
+        time.sleep(0.35)
+        assert client.put("k", b"back") and client.get("k") == b"back"
+
+
+def test_a_stopped_server_costs_one_timeout_then_fast_misses(cluster_factory):
+    import os
+    import signal
+
+    cluster = cluster_factory(1, memory="64MiB")
+    pid = cluster.servers[0].pid
+    with Client(cluster.addresses, timeout_s=TIMEOUT_S) as client:
+        assert client.put("frozen", b"v")
+        os.kill(pid, signal.SIGSTOP)                 # alive but silent: only a timeout finds it
+        try:
+            start = time.monotonic()
+            assert client.get("frozen") is None
+            assert time.monotonic() - start < 2 * TIMEOUT_S
+            start = time.monotonic()
+            assert client.get("frozen") is None      # suspect now: no second wait
+            assert time.monotonic() - start < TIMEOUT_S / 2
+            assert client.stats()["misses_by_reason"].keys() >= {"timeout", "suspect"}
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_unreachable_servers_at_start_are_misses(tmp_path):
+    with Client(["127.0.0.1:1"], timeout_s=TIMEOUT_S) as client:
+        assert client.get("k") is None and client.put("k", b"v") is False
+        assert client.stats()["misses_by_reason"]["unreachable"] == 1

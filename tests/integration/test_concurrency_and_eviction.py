@@ -1,0 +1,76 @@
+"""Many clients at once, and memory pressure: the oldest data goes and nothing is corrupt."""
+
+import threading
+
+import numpy as np
+
+from gcache import Client
+
+
+def block(i: int, size: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_concurrent_clients_read_their_own_writes(shared_cluster):
+    errors: list[str] = []
+
+    def worker(n: int) -> None:
+        with Client(shared_cluster.addresses, timeout_s=5.0, io_threads=2) as client:
+            for i in range(40):
+                key, value = f"conc/{n}/{i}", block(n * 1000 + i, 1 + (i * 7919) % 300_000)
+                if not client.put(key, value):
+                    errors.append(f"put {key}")
+                got = client.get(key)
+                if got != value:
+                    errors.append(f"get {key}: {None if got is None else len(got)}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+def test_one_client_shared_by_threads(client):
+    keys = [f"shared/{i}" for i in range(64)]
+    values = [block(i, 64 * 1024) for i in range(64)]
+    results: dict[int, bool] = {}
+
+    def worker(part: int) -> None:
+        for i in range(part, 64, 4):
+            results[i] = client.put(keys[i], values[i]) and client.get(keys[i]) == values[i]
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 64 and all(results.values())
+
+
+def test_memory_pressure_evicts_oldest_first_and_never_corrupts(cluster_factory):
+    cluster = cluster_factory(1, memory="64MiB")
+    size, count = 1 << 20, 200                   # about 3x the arena
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        assert all(client.put(f"ev/{i}", block(i, size)) for i in range(count))
+        present = []
+        for i in range(count):
+            got = client.get(f"ev/{i}")
+            if got is not None:
+                assert got == block(i, size), f"ev/{i} corrupt"
+                present.append(i)
+        tier = client.server_stats()[cluster.addresses[0]]["tier"]
+    assert present == list(range(count - len(present), count))    # a suffix: newest survive
+    assert 40 <= len(present) <= 64
+    assert tier["evicted_objects"] == count - len(present)
+    assert tier["used_bytes"] <= tier["capacity_bytes"]
+
+
+def test_a_value_larger_than_the_arena_is_refused_cleanly(cluster_factory):
+    cluster = cluster_factory(1, memory="16MiB")
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        assert client.put("too-big", b"x" * (20 << 20)) is False
+        assert client.stats()["misses_by_reason"] == {"no_space": 1}
+        assert client.put("fits", b"y" * 1000) and client.get("fits") == b"y" * 1000

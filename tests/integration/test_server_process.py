@@ -1,0 +1,76 @@
+"""gcache-server as an operator meets it: ready line, clean SIGTERM, clear start errors, metrics."""
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+from gcache import Client
+from gcache.transport.tcp import connect
+from gcache.frame import Op
+from gcache.sdk.protocol import Channel
+from tests.helpers import wait_until
+
+
+def run_server(*args: str, timeout_s: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gcache.server.main", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_sigterm_shuts_down_cleanly_and_removes_the_arena(cluster_factory):
+    cluster = cluster_factory(1, memory="64MiB")
+    server = cluster.servers[0]
+    assert os.path.exists(f"/dev/shm/{server.shm_name}")
+    with Client(cluster.addresses) as client:
+        assert client.put("k", b"v")
+        assert cluster.terminate(0) == 0
+    assert not os.path.exists(f"/dev/shm/{server.shm_name}")
+    assert "server.stopped" in cluster.tail(server)
+
+
+def test_bad_flags_are_clear_errors_at_start():
+    result = run_server("--listen", "127.0.0.1:0", "--memory", "lots")
+    assert result.returncode == 2 and "memory='lots': must be a size" in result.stderr
+    result = run_server("--listen", "127.0.0.1:0", "--memory", "1MiB")
+    assert result.returncode == 2 and "at least two segments" in result.stderr
+
+
+def test_unknown_config_file_key_is_a_clear_error(tmp_path):
+    path = tmp_path / "server.toml"
+    path.write_text("[server]\nmemory = \"64MiB\"\nlisten_on = \"x\"\n")
+    result = run_server("--config", str(path))
+    assert result.returncode == 2 and "listen_on" in result.stderr
+
+
+def test_a_busy_port_is_a_clear_error(cluster_factory):
+    cluster = cluster_factory(1, memory="64MiB")
+    result = run_server("--listen", cluster.addresses[0], "--memory", "64MiB",
+                        "--shm-name", "gcache-busy-port-test")
+    assert result.returncode == 2 and "cannot listen on" in result.stderr
+
+
+def test_metrics_endpoint_serves_tier_counters(cluster_factory):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = cluster_factory(1, memory="64MiB",
+                              server_args=("--metrics-listen", f"127.0.0.1:{port}"))
+    with Client(cluster.addresses) as client:
+        client.put("m", b"v")
+        client.get("m")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "gcache_server_hits_total 1.0" in body and "gcache_server_objects 1.0" in body
+
+
+def test_a_dead_clients_lease_stops_pinning_after_the_ttl(cluster_factory):
+    cluster = cluster_factory(1, memory="64MiB")            # lease TTL is 1 s in the fixture
+    with Client(cluster.addresses) as client:
+        assert client.put("leased", b"x" * 1000)
+        conn = connect(cluster.addresses[0], timeout_s=2, io_size=1 << 20)
+        channel = Channel(conn, timeout_s=2)
+        assert channel.reply(channel.request(Op.LEASE, key=b"leased")).handle > 0
+        pins = lambda: client.server_stats()[cluster.addresses[0]]["tier"]["pins"]  # noqa: E731
+        assert pins() == 1
+        wait_until(lambda: pins() == 0, timeout_s=5)        # TTL, while the socket stays open
+        conn.close()
