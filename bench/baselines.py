@@ -47,6 +47,17 @@ def _sender(port: int, block_bytes: int, count: int, io_size: int) -> None:
 
 def raw_socket_gbps(block_bytes: int = 4 * MiB, count: int = 200, io_size: int = MiB) -> float:
     """Request/response over loopback between two processes: ``sendall`` -> ``recv_into``, GB/s."""
+    seconds = _raw_socket_seconds(block_bytes, count, io_size)
+    return block_bytes * count / sum(seconds) / 1e9
+
+
+def raw_socket_p50_ms(block_bytes: int = 64 * 1024, count: int = 2000) -> float:
+    """Median round trip of one request byte and a ``block_bytes`` answer, in ms."""
+    seconds = sorted(_raw_socket_seconds(block_bytes, count, MiB))
+    return seconds[len(seconds) // 2] * 1000
+
+
+def _raw_socket_seconds(block_bytes: int, count: int, io_size: int) -> list[float]:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -66,14 +77,15 @@ def raw_socket_gbps(block_bytes: int = 4 * MiB, count: int = 200, io_size: int =
 
     for _ in range(5):
         fetch()
-    start = time.perf_counter()
+    seconds = []
     for _ in range(count):
+        start = time.perf_counter()
         fetch()
-    elapsed = time.perf_counter() - start
+        seconds.append(time.perf_counter() - start)
     conn.close()
     listener.close()
     child.join(5)
-    return block_bytes * count / elapsed / 1e9
+    return seconds
 
 
 class RedisServer:

@@ -22,6 +22,10 @@ MAGIC = 0x564B4347  # b"GCKV" read as a little-endian u32
 VERSION = 1
 HEADER = struct.Struct("<IBBBBIHHQQQQQ")
 HEADER_SIZE = HEADER.size  # 56
+TRAILER = struct.Struct("<Q")
+# PUT flag: the value's xxh3_64 follows the value as an 8-byte trailer (counted in payload_len)
+# instead of riding in the header, so a sender can hash each slice just before sending it.
+FLAG_CHECKSUM_TRAILS = 0x01
 
 
 class Op(enum.IntEnum):

@@ -6,6 +6,8 @@ for ring placement and value checksums, both seedless so that every language's S
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import xxhash
 
 MAX_KEY_BYTES = 1024
@@ -36,6 +38,14 @@ def checksum(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def checksum_stream() -> xxhash.xxh3_64:
+class Hasher(Protocol):
+    """What ``checksum_stream`` returns, as the transports and tiers see it."""
+
+    def update(self, data: memoryview, /) -> None: ...
+
+    def intdigest(self) -> int: ...
+
+
+def checksum_stream() -> Hasher:
     """An incremental ``checksum``: ``update`` piece by piece, then ``intdigest()``."""
     return xxhash.xxh3_64()

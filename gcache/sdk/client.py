@@ -2,8 +2,10 @@
 
 It owns placement (the ring over the configured servers), the IO threads, the connection pool
 and the turning of failures into misses. Invariants:
-- Network IO happens only on the SDK's IO threads; a synchronous method submits its work and
-  waits on the future, so ``*_async`` and the plain calls share one code path.
+- ``*_async`` calls and every batch run on the SDK's IO threads (a batch fans out one request
+  per server, servers in parallel). A synchronous single-key call runs the same exchange in the
+  caller's thread: the caller is blocked either way, and on these machines handing work to a
+  thread and back costs about 120 us, more than a whole 64 KiB exchange on loopback.
 - A miss of any cause (absent, evicted, unreachable, timeout, checksum mismatch) is ``None`` /
   ``False`` and is counted by reason; only bad arguments raise (ValueError / TypeError), and they
   are checked in the caller's thread before any IO.
@@ -146,7 +148,7 @@ class Client:
 
     def put(self, key: Any, value: Any, *, group: Any = None) -> bool:
         """Store ``value`` under ``key``; False when it could not be stored (counted)."""
-        return self.put_async(key, value, group=group).result()
+        return self._put(validate_key(key), self._value(value), self._group(group))
 
     def put_async(self, key: Any, value: Any, *, group: Any = None) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
@@ -154,9 +156,8 @@ class Client:
 
     def _put(self, key: bytes, view: memoryview, group: bytes | None) -> bool:
         self._stats.request("put")
-        csum = checksum(view)
         status = self._call(self._owner(key, group), lambda ch: protocol.put(
-            ch, key, view, csum, io_size=self.config.io_size))
+            ch, key, view, io_size=self.config.io_size))
         return self._put_outcome(status, len(view))
 
     def _put_outcome(self, status: Status | _Miss, n_bytes: int) -> bool:
@@ -170,7 +171,7 @@ class Client:
 
     def get(self, key: Any, *, group: Any = None) -> bytes | None:
         """The value of ``key`` as bytes, or None on a miss of any cause."""
-        return self.get_async(key, group=group).result()
+        return self._get_into(validate_key(key), None, self._group(group))
 
     def get_async(self, key: Any, *, group: Any = None) -> Future[bytes | None]:
         return self._submit(self._get_into, validate_key(key), None, self._group(group))
@@ -180,7 +181,8 @@ class Client:
 
         Raises ValueError when ``out`` is smaller than the value.
         """
-        return self.get_into_async(key, out, group=group).result()
+        view = as_memoryview(out, writable=True, what="out")
+        return self._get_into(validate_key(key), view, self._group(group))
 
     def get_into_async(self, key: Any, out: Any, *, group: Any = None) -> Future[int | None]:
         raw, view = validate_key(key), as_memoryview(out, writable=True, what="out")
@@ -223,18 +225,18 @@ class Client:
         return result
 
     def exists(self, key: Any, *, group: Any = None) -> bool:
-        return self.batch_exists([key], group=group)[0]
+        raw = validate_key(key)
+        self._stats.request("exists")
+        found = self._call(self._owner(raw, self._group(group)),
+                           lambda ch: protocol.exists(ch, [raw]))
+        return found is not MISS and found[0]
 
     def delete(self, key: Any, *, group: Any = None) -> bool:
         """Remove ``key``; True if it was present. A failed delete is False (and counted)."""
         raw, grp = validate_key(key), self._group(group)
 
-        def run() -> bool:
-            self._stats.request("delete")
-            result = self._call(self._owner(raw, grp), lambda ch: protocol.delete(ch, raw))
-            return result is True
-
-        return self._submit(run).result()
+        self._stats.request("delete")
+        return self._call(self._owner(raw, grp), lambda ch: protocol.delete(ch, raw)) is True
 
     # ---- batches: one request per server, servers in parallel ----------------------------------
 

@@ -19,6 +19,12 @@ MISS_REASONS = ("absent", "suspect", "unreachable", "timeout", "connection_lost"
                 "server_error", "checksum", "no_space", "no_server")
 
 
+# Label children resolved once: ``labels()`` takes a lock and a dict lookup on every call.
+_REQUESTS = {op: REQUESTS.labels(op) for op in ("get", "put", "exists", "delete")}
+_MISSES = {reason: MISSES.labels(reason) for reason in MISS_REASONS}
+_READ, _WRITTEN = BYTES.labels("read"), BYTES.labels("written")
+
+
 class ClientStats:
     """Thread-safe tallies of one Client."""
 
@@ -28,25 +34,25 @@ class ClientStats:
         self._misses: _Tally[str] = _Tally()
 
     def request(self, op: str, n: int = 1) -> None:
-        REQUESTS.labels(op).inc(n)
+        _REQUESTS[op].inc(n)
         with self._lock:
             self._tally[f"{op}_requests"] += n
 
     def hit(self, n_bytes: int) -> None:
         HITS.inc()
-        BYTES.labels("read").inc(n_bytes)
+        _READ.inc(n_bytes)
         with self._lock:
             self._tally["hits"] += 1
             self._tally["bytes_read"] += n_bytes
 
     def stored(self, n_bytes: int) -> None:
-        BYTES.labels("written").inc(n_bytes)
+        _WRITTEN.inc(n_bytes)
         with self._lock:
             self._tally["puts_ok"] += 1
             self._tally["bytes_written"] += n_bytes
 
     def miss(self, reason: str, n: int = 1) -> None:
-        MISSES.labels(reason).inc(n)
+        _MISSES[reason].inc(n)
         with self._lock:
             self._misses[reason] += n
 

@@ -6,11 +6,12 @@ connection (it may be mid-frame). Values move straight from the caller's buffer 
 and from the socket into the caller's ``out``: no copy of ours, except ``get`` which has to
 hand back ``bytes``.
 
-Path choice over TCP: values up to ``io_size`` go as one PUT frame; larger ones as ALLOC, then
-WRITE frames of ``io_size`` each and COMMIT, all pipelined, so a put costs two round trips and a
-slice is the unit later IO-thread slicing can spread. Reads are one GET whose reply the server
-streams in ``io_size`` IOs: one round trip, because over TCP a lease buys nothing a single
-ordered stream does not already give. LEASE/READ/RELEASE serve the shared-memory path.
+Path choice over TCP: a put is one PUT frame and a read one GET, whatever the size, each sent
+or streamed back in ``io_size`` IOs: one round trip. On one ordered stream the split
+ALLOC/WRITE/COMMIT and LEASE/READ/RELEASE exchanges cost extra round trips and per-slice
+replies for nothing (measured: 3.2 against 3.9 GB/s for 4 MiB puts); they exist for the paths
+where the client touches the server's memory itself (shared memory, RDMA) or spreads one
+value's slices over several connections, and are tested over TCP at the wire level.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gcache.errors import InvalidRequest, ProtocolError
-from gcache.frame import (GET_ENTRY, HEADER_SIZE, PUT_ENTRY, Header, Op, Status, encode_keys,
-                          raise_for_status, unpack_header)
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
+                          Header, Op, Status, encode_keys, raise_for_status, unpack_header)
+from gcache.keys import checksum_stream
 from gcache.transport.tcp import TcpConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42
@@ -45,11 +47,14 @@ class Channel:
         self.timeout_s = timeout_s
         self._next_id = 0
 
+    def header(self, op: Op, *, key: bytes = b"", **fields: int) -> Header:
+        """A request header with the next request id (for callers that stream the payload)."""
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        return Header(op, self._next_id, key_len=len(key), **fields)
+
     def request(self, op: Op, *, key: bytes = b"", payload: Sequence[bytes | memoryview] = (),
                 **fields: int) -> Header:
-        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        size = sum(len(p) for p in payload)
-        header = Header(op, self._next_id, key_len=len(key), payload_len=size, **fields)
+        header = self.header(op, key=key, payload_len=sum(len(p) for p in payload), **fields)
         self.conn.send((header.pack(), key, *payload), timeout_s=self.timeout_s)
         return header
 
@@ -65,23 +70,26 @@ class Channel:
         return self.conn.recv_exact(header.payload_len, timeout_s=self.timeout_s)
 
 
-def put(ch: Channel, key: bytes, value: memoryview, checksum: int, *, io_size: int) -> Status:
-    """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors."""
-    if len(value) <= io_size:
-        reply = ch.reply(ch.request(Op.PUT, key=key, payload=(value,), checksum=checksum))
-        raise_for_status_except_space(reply, "PUT")
-        return reply.status
-    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=len(value)))
-    raise_for_status_except_space(alloc, "ALLOC")
-    if alloc.status != Status.OK:
-        return alloc.status
-    writes = [ch.request(Op.WRITE, payload=(value[off:off + io_size],), handle=alloc.handle,
-                         offset=off) for off in range(0, len(value), io_size)]
-    commit = ch.request(Op.COMMIT, handle=alloc.handle, checksum=checksum)
-    for write in writes:
-        raise_for_status(ch.reply(write), "WRITE")
-    reply = ch.reply(commit)
-    raise_for_status_except_space(reply, "COMMIT")
+def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int) -> Status:
+    """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors.
+
+    One PUT frame whose checksum trails the value: each ``io_size`` slice is hashed just before
+    it is sent, while it is in cache, and the server hashes it as it lands, so neither side
+    makes a second pass over the value.
+    """
+    request = ch.header(Op.PUT, key=key, payload_len=len(value) + TRAILER.size,
+                        flags=FLAG_CHECKSUM_TRAILS)
+    hasher = checksum_stream()
+    first = value[:io_size]
+    hasher.update(first)
+    ch.conn.send((request.pack(), key, first), timeout_s=ch.timeout_s)
+    for off in range(io_size, len(value), io_size):
+        piece = value[off:off + io_size]
+        hasher.update(piece)
+        ch.conn.send((piece,), timeout_s=ch.timeout_s)
+    ch.conn.send((TRAILER.pack(hasher.intdigest()),), timeout_s=ch.timeout_s)
+    reply = ch.reply(request)
+    raise_for_status_except_space(reply, "PUT")
     return reply.status
 
 

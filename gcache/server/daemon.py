@@ -67,7 +67,8 @@ class DataServer:
 
     def _serve(self, conn: TcpConnection) -> None:
         try:
-            ConnectionHandler(conn, self.tier, self.config, stat_extra=self._stat_extra).serve()
+            ConnectionHandler(conn, self.tier, self.config, stat_extra=self._stat_extra,
+                              is_stopping=self.stop.is_set).serve()
         finally:
             with self._lock:
                 self._conns.pop(conn, None)

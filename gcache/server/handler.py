@@ -17,8 +17,8 @@ from collections.abc import Callable
 from gcache.config import ServerConfig
 from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            TransportError)
-from gcache.frame import (GET_ENTRY, HEADER_SIZE, PUT_ENTRY, Header, Op, Status, decode_keys,
-                          unpack_header)
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
+                          Header, Op, Status, decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.tier import HotTier
 from gcache.transport.tcp import TcpConnection
@@ -42,8 +42,9 @@ class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
     def __init__(self, conn: TcpConnection, tier: HotTier, config: ServerConfig, *,
-                 stat_extra: Callable[[], dict]) -> None:
+                 stat_extra: Callable[[], dict], is_stopping: Callable[[], bool]) -> None:
         self.conn = conn
+        self._is_stopping = is_stopping
         self.tier = tier
         self.config = config
         self.io_timeout_s = max(10.0, config.lease_ttl_s)
@@ -61,12 +62,16 @@ class ConnectionHandler:
 
     def serve(self) -> None:
         try:
-            while True:
+            while not self._is_stopping():
                 raw = bytearray(HEADER_SIZE)
                 try:
-                    self.conn.recv_into(memoryview(raw), timeout_s=None)
+                    # One timeout for every IO on this socket (no per-request setsockopt); an
+                    # idle client just waits through it, a half-sent header is a stall.
+                    if not self.conn.recv_into(memoryview(raw), timeout_s=self.io_timeout_s,
+                                               idle_ok=True):
+                        continue
                 except TransportError:
-                    return                                     # client went away between frames
+                    return                                     # client went away or stalled
                 header = None
                 try:
                     header = unpack_header(raw, max_payload=self._max_payload)
@@ -90,7 +95,8 @@ class ConnectionHandler:
             raise _Drop(Status.BAD_REQUEST, f"{h.op.name} needs a key of 1..{MAX_KEY_BYTES} bytes")
         if h.op in _NO_PAYLOAD and h.payload_len:
             raise _Drop(Status.BAD_REQUEST, f"{h.op.name} carries no payload, got {h.payload_len}")
-        if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size:
+        trailer = TRAILER.size if h.op == Op.PUT and h.flags & FLAG_CHECKSUM_TRAILS else 0
+        if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size + trailer:
             raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                         f"max_value_size {self.config.max_value_size}")
         if h.op in (Op.EXISTS, Op.BATCH_GET) and h.payload_len > h.count * _KEY_LIST_MAX:
@@ -117,21 +123,34 @@ class ConnectionHandler:
             self.conn.recv_into(self._scratch[:chunk], timeout_s=self.io_timeout_s)
             n_bytes -= chunk
 
-    def _recv_value(self, key: bytes, length: int, expected: int) -> Status:
-        """Receive a value into a fresh extent and commit it; the status for the reply."""
+    def _recv_value(self, key: bytes, length: int, expected: int | None) -> Status:
+        """Receive a value into a fresh extent and commit it; the status for the reply.
+
+        ``expected`` None means the checksum trails the value on the wire.
+        """
+        trailer = TRAILER.size if expected is None else 0
         try:
             handle, target = self.tier.alloc(key, length)
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
-            self._drain(length)
+            self._drain(length + trailer)
             return Status.NO_SPACE
+        target.release()
         self._handles.add(handle)
-        try:
-            self.conn.recv_into(target, timeout_s=self.io_timeout_s)
-        finally:
-            target.release()
+        self._recv_extent(handle, 0, length)
+        if expected is None:
+            (expected,) = TRAILER.unpack(self.conn.recv_exact(trailer, timeout_s=self.io_timeout_s))
         self._handles.discard(handle)
         return self._commit_status(handle, expected)
+
+    def _recv_extent(self, handle: int, offset: int, n_bytes: int) -> None:
+        """Receive ``n_bytes`` of a pending write; raises InvalidRequest before reading any."""
+        target, hasher = self.tier.write_target(handle, offset, n_bytes)
+        try:
+            self.conn.recv_into(target, timeout_s=self.io_timeout_s, hasher=hasher)
+        finally:
+            target.release()
+        self.tier.write_done(handle)
 
     def _commit_status(self, handle: int, expected: int) -> Status:
         try:
@@ -146,7 +165,13 @@ class ConnectionHandler:
     # ---- operations ---------------------------------------------------------------------------
 
     def _put(self, h: Header, key: bytes) -> None:
-        self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
+        if not h.flags & FLAG_CHECKSUM_TRAILS:
+            self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
+            return
+        if h.payload_len <= TRAILER.size:
+            raise _Drop(Status.BAD_REQUEST, f"PUT with a trailing checksum carries "
+                        f"{h.payload_len} bytes; needs a value and {TRAILER.size} more")
+        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None))
 
     def _get(self, h: Header, key: bytes) -> None:
         leased = self.tier.lease(key)
@@ -176,15 +201,11 @@ class ConnectionHandler:
 
     def _write(self, h: Header, key: bytes) -> None:
         try:
-            target = self.tier.write_target(h.handle, h.offset, h.payload_len)
+            self._recv_extent(h.handle, h.offset, h.payload_len)
         except InvalidRequest:
             self._drain(h.payload_len)
             self._reply(h, Status.UNKNOWN_HANDLE)
             return
-        try:
-            self.conn.recv_into(target, timeout_s=self.io_timeout_s)
-        finally:
-            target.release()
         self._reply(h, Status.OK)
 
     def _commit(self, h: Header, key: bytes) -> None:

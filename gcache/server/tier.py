@@ -19,9 +19,10 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gcache.errors import ChecksumMismatch, InvalidRequest
-from gcache.keys import checksum
+from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, Arena, Segment, record_size,
                                  value_offset)
 
@@ -39,8 +40,11 @@ class Entry:
 @dataclass(slots=True)
 class Pin:
     entry: Entry
-    expires_s: float   # time.monotonic() deadline
-    pending: bool      # a write in flight (True) or a read lease (False)
+    expires_s: float           # time.monotonic() deadline
+    pending: bool              # a write in flight (True) or a read lease (False)
+    hasher: Any = None         # running xxh3 of in-order writes; None once order is lost
+    hashed: int = 0            # bytes covered (or claimed) by ``hasher``
+    hashing: bool = False      # a write feeding ``hasher`` is in flight
 
 
 @dataclass(slots=True)
@@ -81,19 +85,36 @@ class HotTier:
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=next(self._seq))
             head.keys.append(key)
-            return self._pin(entry, pending=True), self.arena.view[entry.value:entry.value + length]
+            handle = self._pin(entry, pending=True)
+            self._pins[handle].hasher = checksum_stream()
+            return handle, self.arena.view[entry.value:entry.value + length]
 
-    def write_target(self, handle: int, offset: int, n_bytes: int) -> memoryview:
-        """The slice of a pending write's extent at ``offset``. Raises InvalidRequest."""
+    def write_target(self, handle: int, offset: int,
+                     n_bytes: int) -> tuple[memoryview, Hasher | None]:
+        """The slice of a pending write's extent at ``offset``, and a hasher to feed while
+        receiving into it when this write continues the in-order stream (else None; COMMIT then
+        hashes the whole value). Call ``write_done`` after. Raises InvalidRequest.
+        """
         with self._lock:
             pin = self._pins.get(handle)
             if pin is None or not pin.pending:
                 raise InvalidRequest(f"handle {handle} is not a write in flight")
             entry = pin.entry
-        if offset + n_bytes > entry.length:
-            raise InvalidRequest(f"write of {n_bytes} bytes at offset {offset} overruns the "
-                                 f"{entry.length}-byte extent")
-        return self.arena.view[entry.value + offset:entry.value + offset + n_bytes]
+            if offset + n_bytes > entry.length:
+                raise InvalidRequest(f"write of {n_bytes} bytes at offset {offset} overruns the "
+                                     f"{entry.length}-byte extent")
+            hasher = None
+            if pin.hasher is not None and offset == pin.hashed and not pin.hashing:
+                hasher, pin.hashed, pin.hashing = pin.hasher, offset + n_bytes, True
+            else:
+                pin.hasher = None                  # out of order or concurrent: hash at COMMIT
+        return self.arena.view[entry.value + offset:entry.value + offset + n_bytes], hasher
+
+    def write_done(self, handle: int) -> None:
+        with self._lock:
+            pin = self._pins.get(handle)
+            if pin is not None:
+                pin.hashing = False
 
     def commit(self, handle: int, expected: int) -> None:
         """Make a pending write visible if its bytes match ``expected`` (xxh3_64).
@@ -107,7 +128,10 @@ class HotTier:
                     self._pins[handle] = pin
                 raise InvalidRequest(f"handle {handle} is not a write in flight")
         entry = pin.entry
-        actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
+        if pin.hasher is not None and pin.hashed == entry.length and not pin.hashing:
+            actual = pin.hasher.intdigest()
+        else:
+            actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
         with self._lock:
             entry.head.pins -= 1
             if actual != expected:

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from gcache import Client
-from gcache.frame import HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op, Status, unpack_header
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op,
+                          Status, unpack_header)
 from gcache.keys import checksum
 
 
@@ -139,6 +140,16 @@ def test_malformed_requests_are_refused(server, fields, status):
     sock.sendall(header.pack() + b"k" * header.key_len)
     reply = read_reply(sock)
     assert reply is not None and reply.status == status
+    assert_still_serving(client)
+
+
+def test_a_trailing_checksum_put_without_room_for_the_trailer_is_refused(server):
+    address, client = server
+    sock = raw_socket(address)
+    sock.sendall(Header(Op.PUT, 1, flags=FLAG_CHECKSUM_TRAILS, key_len=1, payload_len=8).pack()
+                 + b"k" + b"12345678")
+    reply = read_reply(sock)
+    assert reply is not None and reply.status == Status.BAD_REQUEST
     assert_still_serving(client)
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from gcache.errors import InvalidRequest
-from gcache.frame import Op, Status
+from gcache.frame import FLAG_CHECKSUM_TRAILS, TRAILER, Op, Status
 from gcache.keys import checksum
 from gcache.sdk import protocol
 from gcache.sdk.protocol import Channel
@@ -49,10 +49,25 @@ def test_put_frame_with_a_wrong_checksum_is_rejected(channel):
     assert call(channel, Op.GET, key=b"wire/put-bad").status == Status.NOT_FOUND
 
 
+def test_put_with_a_trailing_checksum(channel):
+    value = b"trailing" * 100
+    header = channel.header(Op.PUT, key=b"wire/trail", payload_len=len(value) + 8,
+                            flags=FLAG_CHECKSUM_TRAILS)
+    channel.conn.send((header.pack(), b"wire/trail", value, TRAILER.pack(checksum(value))),
+                      timeout_s=2)
+    assert channel.reply(header).status == Status.OK
+    bad = channel.header(Op.PUT, key=b"wire/trail2", payload_len=len(value) + 8,
+                         flags=FLAG_CHECKSUM_TRAILS)
+    channel.conn.send((bad.pack(), b"wire/trail2", value, TRAILER.pack(1)), timeout_s=2)
+    assert channel.reply(bad).status == Status.CHECKSUM_MISMATCH
+    assert call(channel, Op.GET, key=b"wire/trail2").status == Status.NOT_FOUND
+    _, reply = protocol.get_length(channel, b"wire/trail")
+    assert bytes(channel.payload(reply)) == value
+
+
 def test_lease_read_release(channel):
     value = b"0123456789" * 1000
-    assert protocol.put(channel, b"wire/lease", memoryview(value), checksum(value),
-                        io_size=1 << 20) == Status.OK
+    assert protocol.put(channel, b"wire/lease", memoryview(value), io_size=1 << 20) == Status.OK
     lease = call(channel, Op.LEASE, key=b"wire/lease")
     assert lease.status == Status.OK and lease.length == len(value)
     assert lease.checksum == checksum(value)

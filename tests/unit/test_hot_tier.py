@@ -113,3 +113,18 @@ def test_a_deleted_key_stays_readable_through_an_open_lease(tier):
     assert tier.delete(b"d") and not tier.exists(b"d")
     assert bytes(view) == b"old bytes"
     tier.release(handle)
+
+
+def test_in_order_writes_are_hashed_as_they_land_and_any_order_still_commits(tier):
+    value = bytes(range(256)) * 64
+    for order in ([0, 1, 2, 3], [2, 0, 3, 1]):
+        key = f"ordered-{order[0]}".encode()
+        handle, _ = tier.alloc(key, len(value))
+        for part in order:
+            target, _hasher = tier.write_target(handle, part * 4096, 4096)
+            target[:] = value[part * 4096:(part + 1) * 4096]
+            if _hasher is not None:
+                _hasher.update(target)
+            tier.write_done(handle)
+        tier.commit(handle, checksum(value))
+        assert read(tier, key) == value

@@ -1,0 +1,185 @@
+"""Data-plane benchmark: GCache over TCP against limits measured in the same run.
+
+Limits: single-thread memcpy over 256 MiB of distinct 4 MiB blocks; a raw Python loopback socket
+between two processes (one request byte, then ``sendall`` -> ``recv_into``: the shape of a GET);
+Redis GET/SET (Debian redis-server on loopback, no persistence, redis-py + hiredis). GCache runs
+one real ``gcache-server`` process; the client is this process. Every figure is the best of
+``--repeat`` runs, for the limits and for GCache alike. Prints a table of ratios and writes JSON
+to ``bench/results/``. Targets come from the foundation issue; they are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from baselines import (RedisServer, memcpy_gbps, raw_socket_gbps, raw_socket_p50_ms,  # noqa: E402
+                       redis_gbps)
+
+from gcache.cli.local_cluster import LocalCluster  # noqa: E402
+from gcache.sdk import Client  # noqa: E402
+
+MiB = 1 << 20
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def best_of(repeat: int, fn) -> float:
+    return max(fn() for _ in range(repeat))
+
+
+def threaded_gbps(n_threads: int, per_thread_ops: int, size: int, op) -> float:
+    """Run ``op(thread_index, i)`` per_thread_ops times in each of n_threads; total GB/s."""
+    barrier = threading.Barrier(n_threads + 1)
+
+    def worker(t: int) -> None:
+        barrier.wait()
+        for i in range(per_thread_ops):
+            op(t, i)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    return n_threads * per_thread_ops * size / (time.perf_counter() - start) / 1e9
+
+
+def gcache_figures(client: Client, size: int, repeat: int, total_bytes: int) -> dict[str, float]:
+    keys = [f"bench/{size}/{i}" for i in range(16)]
+    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    assert all(client.batch_put(keys, [value] * len(keys)))
+    ops = max(8, total_bytes // size)
+    outs = [[np.empty(size, dtype=np.uint8) for _ in range(16)] for _ in range(4)]
+    figures: dict[str, float] = {}
+    for threads in (1, 4):
+        n = max(4, ops // threads)
+
+        def put(t: int, i: int) -> None:
+            assert client.put(keys[(t * 4 + i) % 16], value)
+
+        def get(t: int, i: int) -> None:
+            assert client.get(keys[(t * 4 + i) % 16]) is not None
+
+        def get_into(t: int, i: int) -> None:
+            assert client.get_into(keys[(t * 4 + i) % 16], outs[t][0]) == size
+
+        for name, op in (("put", put), ("get", get), ("get_into", get_into)):
+            figures[f"{name}_t{threads}"] = best_of(
+                repeat, lambda: threaded_gbps(threads, n, size, op))
+        batch_n = max(1, n // 16)
+
+        def batch(t: int, i: int) -> None:
+            assert client.batch_get_into(keys, outs[t]) == [size] * 16
+
+        figures[f"batch_get_into16_t{threads}"] = best_of(
+            repeat, lambda: threaded_gbps(threads, batch_n, 16 * size, batch))
+    return figures
+
+
+def latency_ms(client: Client, size: int, count: int = 2000) -> dict[str, float]:
+    value = os.urandom(size)
+    assert client.put("bench/latency", value)
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        client.get("bench/latency")
+        samples.append((time.perf_counter() - start) * 1000)
+    samples.sort()
+    return {"p50_ms": statistics.median(samples), "p99_ms": samples[int(0.99 * len(samples))]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--bytes-per-run", type=int, default=256 * MiB)
+    args = parser.parse_args()
+
+    print("measuring limits: memcpy, raw loopback socket, redis ...", flush=True)
+    limits: dict = {"memcpy_gbps": best_of(args.repeat, memcpy_gbps)}
+    for size in (MiB, 4 * MiB):
+        limits[f"raw_socket_{size // MiB}MiB_gbps"] = best_of(
+            args.repeat, lambda: raw_socket_gbps(size, max(16, args.bytes_per_run // size)))
+    limits["raw_socket_64KiB_rtt_p50_ms"] = min(raw_socket_p50_ms() for _ in range(args.repeat))
+    with RedisServer() as redis_server:
+        for size in (MiB, 4 * MiB):
+            if redis_server is None:
+                print("redis-server not installed (make bench installs it): no Redis baseline")
+                break
+            runs = [redis_gbps(redis_server.port, size, max(16, args.bytes_per_run // size))
+                    for _ in range(args.repeat)]
+            limits[f"redis_set_{size // MiB}MiB_gbps"] = max(r["set_gbps"] for r in runs)
+            limits[f"redis_get_{size // MiB}MiB_gbps"] = max(r["get_gbps"] for r in runs)
+
+    print("measuring gcache (one gcache-server process on loopback) ...", flush=True)
+    gcache: dict = {}
+    with LocalCluster(1, memory="1GiB") as cluster, \
+            Client(cluster.addresses, timeout_s=5.0, io_threads=4) as client:
+        for size in (MiB, 4 * MiB):
+            gcache[f"{size // MiB}MiB"] = gcache_figures(client, size, args.repeat,
+                                                         args.bytes_per_run)
+        gcache["get_64KiB_latency"] = latency_ms(client, 64 * 1024)
+
+    report = {"date": dt.date.today().isoformat(), "host": platform.node(),
+              "cpus": os.cpu_count(), "python": platform.python_version(),
+              "limits": limits, "gcache": gcache, "ratios": ratios(limits, gcache)}
+    print_table(report)
+    os.makedirs(RESULTS, exist_ok=True)
+    for name in (f"dataplane-{report['date']}.json", "dataplane-latest.json"):
+        with open(os.path.join(RESULTS, name), "w") as fh:
+            json.dump(report, fh, indent=2)
+    print(f"wrote {RESULTS}/dataplane-latest.json")
+    return 0
+
+
+def ratios(limits: dict, gcache: dict) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for size in ("1MiB", "4MiB"):
+        raw = limits[f"raw_socket_{size}_gbps"]
+        for name, gbps in gcache[size].items():
+            row = {"gbps": gbps, "x_raw_socket": gbps / raw}
+            redis_key = "set" if name.startswith("put") else "get"
+            if f"redis_{redis_key}_{size}_gbps" in limits:
+                row["x_redis"] = gbps / limits[f"redis_{redis_key}_{size}_gbps"]
+            out[f"{name}@{size}"] = row
+    return out
+
+
+TARGETS = {"get_into_t1@4MiB": ("x_raw_socket", 0.8), "put_t1@4MiB": ("x_raw_socket", 0.6)}
+
+
+def print_table(report: dict) -> None:
+    limits = report["limits"]
+    print(f"\nGCache data plane, {report['date']}, {report['cpus']} CPUs, Python "
+          f"{report['python']}")
+    print("limits (GB/s): " + ", ".join(f"{k.removesuffix('_gbps')}={v:.2f}"
+                                        for k, v in limits.items() if k.endswith("_gbps")))
+    print(f"\n{'operation':<28}{'GB/s':>8}{'x raw':>8}{'x redis':>9}  target")
+    for name, row in report["ratios"].items():
+        target = ""
+        if name in TARGETS:
+            metric, goal = TARGETS[name]
+            target = f">= {goal}x raw: {'met' if row[metric] >= goal else 'NOT met'}"
+        if name == "get_into_t1@4MiB" and "x_redis" in row:
+            target += f"; >= 1.2x redis: {'met' if row['x_redis'] >= 1.2 else 'NOT met'}"
+        redis = f"{row['x_redis']:>9.2f}" if "x_redis" in row else f"{'-':>9}"
+        print(f"{name:<28}{row['gbps']:>8.2f}{row['x_raw_socket']:>8.2f}{redis}  {target}")
+    lat, raw_ms = report["gcache"]["get_64KiB_latency"], limits["raw_socket_64KiB_rtt_p50_ms"]
+    print(f"{'get 64KiB latency':<28} p50={lat['p50_ms']:.3f} ms p99={lat['p99_ms']:.3f} ms "
+          f"(raw socket round trip p50={raw_ms:.3f} ms, {lat['p50_ms'] / raw_ms:.2f}x)  "
+          f"target p50 <= 0.2 ms: {'met' if lat['p50_ms'] <= 0.2 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
