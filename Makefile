@@ -26,6 +26,7 @@ redis:
 
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
+	$(PY) bench/update_readme.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
