@@ -99,7 +99,7 @@ class ClientConfig:
     group_width: int = 2                    # servers one placement group is striped over
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
     verify_checksum: bool = True            # check xxh3_64 of every value read
-    token: str | None = None                # cluster token (auth lands with the master issue)
+    token: str | None = None                # cluster token; refused until auth lands (issue 4)
     vnodes: int = 64                        # virtual nodes per server on the ring
 
     def __post_init__(self) -> None:

@@ -130,7 +130,7 @@ class ConnectionHandler:
         """
         trailer = TRAILER.size if expected is None else 0
         try:
-            handle, target = self.tier.alloc(key, length)
+            handle, target = self.tier.alloc(key, length, expires=False)
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
             self._drain(length + trailer)
@@ -174,7 +174,7 @@ class ConnectionHandler:
         self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None))
 
     def _get(self, h: Header, key: bytes) -> None:
-        leased = self.tier.lease(key)
+        leased = self.tier.lease(key, expires=False)
         if leased is None:
             self._reply(h, Status.NOT_FOUND)
             return
@@ -259,7 +259,7 @@ class ConnectionHandler:
         self._reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
 
     def _batch_get(self, h: Header, key: bytes) -> None:
-        leases = [self.tier.lease(k) for k in self._read_keys(h)]
+        leases = [self.tier.lease(k, expires=False) for k in self._read_keys(h)]
         table = b"".join(GET_ENTRY.pack(Status.NOT_FOUND, 0, 0) if lease is None else
                          GET_ENTRY.pack(Status.OK, lease[1].length, lease[1].checksum)
                          for lease in leases)

@@ -5,7 +5,9 @@ Invariants (all under ``_lock``; value bytes are copied outside it, protected by
   is abandoned or mismatches is never visible.
 - Every lease and every pending write pins its span; pins are dropped on RELEASE / COMMIT /
   abort, or by ``reap_expired`` once ``lease_ttl_s`` has passed, so a dead client cannot pin
-  memory for longer than that.
+  memory for longer than that. Pins the server takes for its own single-frame transfers (GET,
+  PUT, batches) do not expire: the handler drops them itself, and a stalled peer is cut off by
+  the connection's IO timeout, so a slow 1 GiB transfer is never evicted from under itself.
 - Replacing or deleting a key leaves the old record's bytes in place until its span is evicted,
   so a reader holding a lease on the old value still reads intact bytes.
 
@@ -16,6 +18,7 @@ will demote records to disk instead of dropping them.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -74,10 +77,12 @@ class HotTier:
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def alloc(self, key: bytes, length: int) -> tuple[int, memoryview]:
+    def alloc(self, key: bytes, length: int, *, expires: bool = True) -> tuple[int, memoryview]:
         """Reserve space for ``key``; returns a write handle and the value's memory.
 
-        Raises NoSpace (every candidate span pinned).
+        ``expires=False`` is for a write the server itself drives to the end (a PUT frame): its
+        connection's IO timeout bounds it, not the TTL. Raises NoSpace (every candidate span
+        pinned).
         """
         with self._lock:
             head, record = self.arena.allocate(record_size(len(key), length))
@@ -85,7 +90,7 @@ class HotTier:
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=next(self._seq))
             head.keys.append(key)
-            handle = self._pin(entry, pending=True)
+            handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
             return handle, self.arena.view[entry.value:entry.value + length]
 
@@ -156,15 +161,15 @@ class HotTier:
 
     # ---- reads ------------------------------------------------------------------------------
 
-    def lease(self, key: bytes) -> tuple[int, Entry, memoryview] | None:
-        """Pin ``key``'s value for reading; None when absent."""
+    def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
+        """Pin ``key``'s value for reading; None when absent. ``expires=False`` as for alloc."""
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
                 self.counters.misses += 1
                 return None
             self.counters.hits += 1
-            handle = self._pin(entry, pending=False)
+            handle = self._pin(entry, pending=False, expires=expires)
         return handle, entry, self.arena.view[entry.value:entry.value + entry.length]
 
     def leased(self, handle: int) -> Entry:
@@ -220,10 +225,11 @@ class HotTier:
     def close(self, *, unlink: bool) -> None:
         self.arena.close(unlink=unlink)
 
-    def _pin(self, entry: Entry, *, pending: bool) -> int:
+    def _pin(self, entry: Entry, *, pending: bool, expires: bool = True) -> int:
         handle = next(self._handles)
         entry.head.pins += 1
-        self._pins[handle] = Pin(entry, time.monotonic() + self.lease_ttl_s, pending)
+        deadline = time.monotonic() + self.lease_ttl_s if expires else math.inf
+        self._pins[handle] = Pin(entry, deadline, pending)
         return handle
 
     def _evicted(self, head: Segment) -> None:

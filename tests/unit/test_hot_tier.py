@@ -128,3 +128,14 @@ def test_in_order_writes_are_hashed_as_they_land_and_any_order_still_commits(tie
             tier.write_done(handle)
         tier.commit(handle, checksum(value))
         assert read(tier, key) == value
+
+
+def test_pins_of_server_driven_transfers_never_expire(tier):
+    put(tier, b"streaming", b"s" * 100)
+    handle, _, view = tier.lease(b"streaming", expires=False)
+    write, _ = tier.alloc(b"incoming", 100, expires=False)
+    assert tier.reap_expired(time.monotonic() + 1e6) == 0
+    assert bytes(view) == b"s" * 100
+    tier.release(handle)
+    tier.abort(write)
+    assert tier.stats()["pins"] == 0
