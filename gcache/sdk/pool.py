@@ -12,7 +12,8 @@ import threading
 import time
 
 from gcache.errors import ConnectFailed
-from gcache.transport.tcp import TcpConnection, connect
+from gcache.transport.stream import StreamConnection
+from gcache.transport.tcp import connect
 
 
 class ServerPool:
@@ -22,7 +23,7 @@ class ServerPool:
         self._suspect_s = suspect_s
         self._idle_max = idle_max
         self._lock = threading.Lock()
-        self._idle: dict[str, list[TcpConnection]] = {}
+        self._idle: dict[str, list[StreamConnection]] = {}
         self._suspect_until: dict[str, float] = {}
         self._closed = False
 
@@ -30,7 +31,7 @@ class ServerPool:
         with self._lock:
             return self._suspect_until.get(address, 0.0) > time.monotonic()
 
-    def acquire(self, address: str) -> TcpConnection:
+    def acquire(self, address: str) -> StreamConnection:
         """An idle or new connection. Raises ConnectFailed (also for a suspect server)."""
         with self._lock:
             if self._closed:
@@ -42,7 +43,7 @@ class ServerPool:
                 return idle.pop()
         return connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
 
-    def release(self, conn: TcpConnection) -> None:
+    def release(self, conn: StreamConnection) -> None:
         with self._lock:
             idle = self._idle.setdefault(conn.peer, [])
             if not self._closed and not conn.closed and len(idle) < self._idle_max:
@@ -50,7 +51,7 @@ class ServerPool:
                 return
         conn.close()
 
-    def fail(self, conn: TcpConnection | None, address: str) -> None:
+    def fail(self, conn: StreamConnection | None, address: str) -> None:
         """Close ``conn`` and mark ``address`` suspect, dropping its other idle connections."""
         if conn is not None:
             conn.close()

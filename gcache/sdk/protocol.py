@@ -24,7 +24,7 @@ from gcache.errors import InvalidRequest, ProtocolError
 from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
                           Header, Op, Status, encode_keys, raise_for_status, unpack_header)
 from gcache.keys import checksum_stream
-from gcache.transport.tcp import TcpConnection
+from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42
 
@@ -42,7 +42,7 @@ class Channel:
 
     __slots__ = ("conn", "timeout_s", "_next_id")
 
-    def __init__(self, conn: TcpConnection, *, timeout_s: float) -> None:
+    def __init__(self, conn: StreamConnection, *, timeout_s: float) -> None:
         self.conn = conn
         self.timeout_s = timeout_s
         self._next_id = 0

@@ -17,7 +17,8 @@ from gcache.config import ServerConfig
 from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
 from gcache.server.tier import HotTier
-from gcache.transport.tcp import TcpConnection, TcpListener
+from gcache.transport.stream import StreamConnection
+from gcache.transport.tcp import TcpListener
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class DataServer:
                             lease_ttl_s=config.lease_ttl_s)
         self.stop = threading.Event()
         self._lock = threading.Lock()
-        self._conns: dict[TcpConnection, threading.Thread] = {}
+        self._conns: dict[StreamConnection, threading.Thread] = {}
         self._started_s = time.monotonic()
         self._threads: list[threading.Thread] = []
 
@@ -65,7 +66,7 @@ class DataServer:
                 self._conns[conn] = thread
             thread.start()
 
-    def _serve(self, conn: TcpConnection) -> None:
+    def _serve(self, conn: StreamConnection) -> None:
         try:
             ConnectionHandler(conn, self.tier, self.config, stat_extra=self._stat_extra,
                               is_stopping=self.stop.is_set).serve()

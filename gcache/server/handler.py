@@ -21,7 +21,7 @@ from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTR
                           Header, Op, Status, decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.tier import HotTier
-from gcache.transport.tcp import TcpConnection
+from gcache.transport.stream import StreamConnection
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class _Drop(Exception):
 class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
-    def __init__(self, conn: TcpConnection, tier: HotTier, config: ServerConfig, *,
+    def __init__(self, conn: StreamConnection, tier: HotTier, config: ServerConfig, *,
                  stat_extra: Callable[[], dict], is_stopping: Callable[[], bool]) -> None:
         self.conn = conn
         self._is_stopping = is_stopping

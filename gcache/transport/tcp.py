@@ -1,26 +1,17 @@
-"""TCP transport: frames between sockets and memory with no intermediate copies.
+"""TCP transport: connecting, listening and tuning; the byte moving is ``stream``'s.
 
-Values are sent with ``sendmsg`` on memoryview slices of the caller's buffer (or the server's
-arena) and received with ``recv_into`` straight into the destination, one ``io_size`` slice per
-IO. Header, key and value go out as one gathered ``sendmsg``; header and key come in through a
-small read-ahead buffer, because on these machines a syscall costs more than copying a few KiB.
-Timeouts are per IO, so a 64 MiB transfer is not bounded by a 200 ms deadline, but a stalled peer
-is detected within one ``timeout_s``.
+Sockets get TCP_NODELAY (frames are request/response) and 4 MiB kernel buffers, so one 4 MiB
+value fits in flight without the sender waiting on the receiver's window.
 """
 
 from __future__ import annotations
 
 import socket
-import struct
-from collections.abc import Sequence
 
-from gcache.errors import ConnectFailed, ConnectionLost, IOTimeout
-from gcache.keys import Hasher
+from gcache.errors import ConnectFailed, ConnectionLost
+from gcache.transport.stream import StreamConnection
 
-_READ_AHEAD = 16 * 1024      # bytes a small read may pull in at once
-_DIRECT_MIN = 4 * 1024       # reads at least this large skip the read-ahead buffer
 SOCKET_BUFFER_BYTES = 4 << 20
-_TIMEVAL = struct.Struct("@ll")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -37,152 +28,20 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
 
 
-class TcpConnection:
-    """One TCP stream. Not thread-safe: one user at a time (the SDK pools them).
-
-    Reads go through a small read-ahead buffer so that a header and its key (or a reply header
-    and a small value) cost one ``recv``; a read of at least ``_DIRECT_MIN`` bytes bypasses it
-    and lands straight in the destination. Writes gather header, key and value slices into one
-    ``sendmsg`` of at most ``io_size`` bytes, with no copy.
-    """
-
-    __slots__ = ("_sock", "peer", "io_size", "_timeout_s", "_closed", "_rbuf", "_rview",
-                 "_rpos", "_rend")
-
-    def __init__(self, sock: socket.socket, peer: str, *, io_size: int) -> None:
-        self._sock = sock
-        self.peer = peer
-        self.io_size = io_size
-        self._timeout_s: float | None = None
-        self._closed = False
-        self._rbuf = bytearray(_READ_AHEAD)
-        self._rview = memoryview(self._rbuf)
-        self._rpos = self._rend = 0
-        _tune(sock)
-
-    def __repr__(self) -> str:
-        return f"TcpConnection(peer={self.peer!r}, closed={self._closed})"
-
-    def _set_timeout(self, timeout_s: float | None) -> None:
-        """Kernel-side timeouts on a blocking socket: Python's own ``settimeout`` would add a
-        ``poll()`` before every send and recv, doubling the syscalls of a round trip."""
-        if timeout_s != self._timeout_s:
-            whole = int(timeout_s or 0)
-            usec = 0 if timeout_s is None else max(1, int((timeout_s - whole) * 1e6))
-            value = _TIMEVAL.pack(whole, usec)
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-            self._timeout_s = timeout_s
-
-    def send(self, frames: Sequence[bytes | memoryview], *, timeout_s: float | None) -> None:
-        self._set_timeout(timeout_s)
-        batch: list[memoryview] = []
-        batch_len = 0
-        try:
-            for frame in frames:
-                view = memoryview(frame)
-                for start in range(0, len(view), self.io_size):
-                    piece = view[start:start + self.io_size]
-                    if batch_len + len(piece) > self.io_size:
-                        self._sendmsg_all(batch)
-                        batch, batch_len = [], 0
-                    batch.append(piece)
-                    batch_len += len(piece)
-            if batch:
-                self._sendmsg_all(batch)
-        except (socket.timeout, BlockingIOError) as exc:
-            raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
-
-    def _sendmsg_all(self, batch: list[memoryview]) -> None:
-        while batch:
-            sent = self._sock.sendmsg(batch)
-            while sent:
-                if sent >= len(batch[0]):
-                    sent -= len(batch.pop(0))
-                else:
-                    batch[0] = batch[0][sent:]
-                    sent = 0
-
-    def recv_into(self, buf: memoryview, *, timeout_s: float | None,
-                  hasher: Hasher | None = None, idle_ok: bool = False) -> bool:
-        """Fill ``buf``; with ``hasher``, feed it each piece while the piece is still in cache.
-
-        With ``idle_ok``, a timeout before the first byte returns False (an idle peer) instead
-        of raising IOTimeout; a timeout after it is a stall and raises.
-        """
-        self._set_timeout(timeout_s)
-        got, total = 0, len(buf)
-        try:
-            while got < total:
-                if self._rpos < self._rend:               # bytes already read ahead
-                    n = min(total - got, self._rend - self._rpos)
-                    buf[got:got + n] = self._rview[self._rpos:self._rpos + n]
-                    self._rpos += n
-                elif total - got >= _DIRECT_MIN:          # large: straight into the destination
-                    n = self._sock.recv_into(buf[got:got + self.io_size])
-                    if n == 0:
-                        raise ConnectionLost(f"{self.peer} closed the connection after {got} of "
-                                             f"{total} bytes")
-                else:                                     # small: one recv, maybe more than asked
-                    filled = self._sock.recv_into(self._rview)
-                    if filled == 0:
-                        raise ConnectionLost(f"{self.peer} closed the connection after {got} of "
-                                             f"{total} bytes")
-                    self._rpos, self._rend = 0, filled
-                    continue
-                if hasher is not None:
-                    hasher.update(buf[got:got + n])
-                got += n
-            return True
-        except (socket.timeout, BlockingIOError) as exc:
-            if got == 0 and idle_ok:
-                return False
-            raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({got} of {total} "
-                            "bytes)") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
-
-    def recv_exact(self, n_bytes: int, *, timeout_s: float | None) -> bytearray:
-        buf = bytearray(n_bytes)
-        if n_bytes:
-            self.recv_into(memoryview(buf), timeout_s=timeout_s)
-        return buf
-
-    def shutdown(self) -> None:
-        """Wake a thread blocked on this connection (it sees ConnectionLost)."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-
-def connect(address: str, *, timeout_s: float, io_size: int) -> TcpConnection:
+def connect(address: str, *, timeout_s: float, io_size: int) -> StreamConnection:
     """Open a connection to ``address``. Raises ConnectFailed within ``timeout_s``."""
     host, port = parse_address(address)
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
         sock.settimeout(None)           # blocking from here on; timeouts are SO_RCVTIMEO/SNDTIMEO
+        _tune(sock)
     except OSError as exc:
         raise ConnectFailed(f"connect to {address} failed: {exc}") from exc
-    return TcpConnection(sock, address, io_size=io_size)
+    return StreamConnection(sock, address, io_size=io_size)
 
 
 class TcpListener:
-    """A listening socket that hands out ``TcpConnection``s."""
+    """A listening socket that hands out ``StreamConnection``s."""
 
     def __init__(self, address: str, *, io_size: int, backlog: int = 512) -> None:
         host, port = parse_address(address)
@@ -199,7 +58,7 @@ class TcpListener:
         bound_host, bound_port = self._sock.getsockname()[:2]
         self.address = f"{bound_host}:{bound_port}"
 
-    def accept(self, *, timeout_s: float) -> TcpConnection | None:
+    def accept(self, *, timeout_s: float) -> StreamConnection | None:
         """The next connection, or None after ``timeout_s`` (so the caller can check for stop)."""
         self._sock.settimeout(timeout_s)
         try:
@@ -209,7 +68,8 @@ class TcpListener:
         except OSError as exc:
             raise ConnectionLost(f"accept on {self.address} failed: {exc}") from exc
         sock.settimeout(None)
-        return TcpConnection(sock, f"{peer[0]}:{peer[1]}", io_size=self.io_size)
+        _tune(sock)
+        return StreamConnection(sock, f"{peer[0]}:{peer[1]}", io_size=self.io_size)
 
     def close(self) -> None:
         self._sock.close()
