@@ -65,6 +65,8 @@ class ServerConfig:
     max_connections: int = 1024             # concurrent client connections
     prefault: bool = True                   # touch every arena page at start
     metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
+    unix_socket: str = ""                   # same-host socket path; "" is /tmp/<shm_name>.sock,
+                                            # "off" disables the shared-memory transport
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -100,6 +102,7 @@ class ClientConfig:
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
     verify_checksum: bool = True            # check xxh3_64 of every value read
     token: str | None = None                # cluster token; refused until auth lands (issue 4)
+    transport: str = "auto"                 # "auto": shm for same-host servers, else tcp
     vnodes: int = 64                        # virtual nodes per server on the ring
 
     def __post_init__(self) -> None:
@@ -116,6 +119,8 @@ class ClientConfig:
         _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
         _check("suspect_s", self.suspect_s, self.suspect_s >= 0, "must not be negative")
         _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
+        _check("transport", self.transport, self.transport in ("auto", "tcp", "shm"),
+               "must be one of auto, tcp, shm")
 
 
 def _is_address(text: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            ServerError)
@@ -20,12 +20,14 @@ from gcache.keys import MAX_KEY_BYTES
 
 MAGIC = 0x564B4347  # b"GCKV" read as a little-endian u32
 VERSION = 1
-HEADER = struct.Struct("<IBBBBIHHQQQQQ")
+HEADER = struct.Struct("<IBBBBIHHQQQQQ")  # magic, version, then Header's fields in order
 HEADER_SIZE = HEADER.size  # 56
 TRAILER = struct.Struct("<Q")
 # PUT flag: the value's xxh3_64 follows the value as an 8-byte trailer (counted in payload_len)
 # instead of riding in the header, so a sender can hash each slice just before sending it.
 FLAG_CHECKSUM_TRAILS = 0x01
+# RELEASE flag: send no reply (shared-memory readers release off the critical path).
+FLAG_NO_REPLY = 0x02
 
 
 class Op(enum.IntEnum):
@@ -42,6 +44,8 @@ class Op(enum.IntEnum):
     STAT = 11        # -> JSON payload of server statistics
     BATCH_GET = 12   # count keys -> entry table, then the values
     BATCH_PUT = 13   # entry table, keys, values -> count status bytes
+    HELLO = 14       # -> JSON server facts; on a Unix socket also the arena's descriptor
+    BATCH_LEASE = 15 # count keys -> lease table (status, handle, offset, length, checksum)
 
 
 class Status(enum.IntEnum):
@@ -55,8 +59,10 @@ class Status(enum.IntEnum):
     INTERNAL = 7
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
+    """A frame header. A NamedTuple rather than a dataclass: a frame is built and parsed on
+    every request, and tuple construction is several times cheaper than a frozen dataclass's."""
+
     op: Op
     request_id: int = 0
     status: Status = Status.OK
@@ -65,36 +71,38 @@ class Header:
     count: int = 0          # entries in a batch
     payload_len: int = 0    # bytes after the key
     handle: int = 0         # extent or lease handle
-    offset: int = 0         # byte offset inside an extent
+    offset: int = 0         # byte offset inside an extent (or the arena, for same-host clients)
     length: int = 0         # value length (ALLOC, LEASE reply, READ request)
     checksum: int = 0       # xxh3_64 of the whole value
 
     def pack(self) -> bytes:
+        # Wire order puts flags and status before request_id; fields from key_len on match.
         return HEADER.pack(MAGIC, VERSION, self.op, self.flags, self.status, self.request_id,
-                           self.key_len, self.count, self.payload_len, self.handle, self.offset,
-                           self.length, self.checksum)
+                           *self[4:])
+
+
+_OPS = {int(op): op for op in Op}
+_STATUSES = {int(status): status for status in Status}
 
 
 def unpack_header(data: bytes | bytearray | memoryview, *, max_payload: int) -> Header:
     """Decode and validate a header. Raises ProtocolError naming the bad field."""
     if len(data) != HEADER_SIZE:
         raise ProtocolError(f"header is {len(data)} bytes; must be {HEADER_SIZE}")
-    (magic, version, op, flags, status, request_id, key_len, count, payload_len, handle, offset,
-     length, checksum) = HEADER.unpack(data)
+    magic, version, op, flags, status, *rest = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"magic is {magic:#010x}; must be {MAGIC:#010x}")
     if version != VERSION:
         raise ProtocolError(f"version is {version}; this peer speaks {VERSION}")
-    try:
-        op, status = Op(op), Status(status)
-    except ValueError as exc:
-        raise ProtocolError(f"unknown opcode {op} or status {status}") from exc
-    if key_len > MAX_KEY_BYTES:
-        raise ProtocolError(f"key_len is {key_len}; limit is {MAX_KEY_BYTES}")
-    if payload_len > max_payload:
-        raise ProtocolError(f"payload_len is {payload_len}; limit is {max_payload}")
-    return Header(op, request_id, status, flags, key_len, count, payload_len, handle, offset,
-                  length, checksum)
+    op_enum, status_enum = _OPS.get(op), _STATUSES.get(status)
+    if op_enum is None or status_enum is None:
+        raise ProtocolError(f"unknown opcode {op} or status {status}")
+    header = Header(op_enum, rest[0], status_enum, flags, *rest[1:])
+    if header.key_len > MAX_KEY_BYTES:
+        raise ProtocolError(f"key_len is {header.key_len}; limit is {MAX_KEY_BYTES}")
+    if header.payload_len > max_payload:
+        raise ProtocolError(f"payload_len is {header.payload_len}; limit is {max_payload}")
+    return header
 
 
 # ---- batch payloads -------------------------------------------------------------------------
@@ -102,6 +110,8 @@ def unpack_header(data: bytes | bytearray | memoryview, *, max_payload: int) -> 
 _KEY_LEN = struct.Struct("<H")
 GET_ENTRY = struct.Struct("<BQQ")     # status, length, checksum (BATCH_GET reply table)
 PUT_ENTRY = struct.Struct("<HQQ")     # key_len, length, checksum (BATCH_PUT request table)
+LEASE_ENTRY = struct.Struct("<BQQQQ")  # status, handle, offset, length, checksum (BATCH_LEASE)
+HANDLE = struct.Struct("<Q")          # one handle in a batched RELEASE
 
 
 def encode_keys(keys: Sequence[bytes]) -> bytes:

@@ -18,10 +18,15 @@ def shared_cluster(tmp_path_factory):
         yield cluster
 
 
-@pytest.fixture
-def client(shared_cluster):
-    with Client(shared_cluster.addresses, timeout_s=2.0) as c:
+@pytest.fixture(params=["shm", "tcp"])
+def client(request, shared_cluster):
+    """A client of the shared cluster, once over shared memory and once over TCP."""
+    with Client(shared_cluster.addresses, timeout_s=2.0, transport=request.param) as c:
         yield c
+        stats = c.stats()
+        did_io = any(v for k, v in stats.items() if k.endswith("_requests"))
+        if request.param == "shm" and did_io:        # every server it talked to, over shm
+            assert stats["shm_servers"], "no server was reached over shared memory"
 
 
 @pytest.fixture

@@ -127,7 +127,9 @@ class LocalCluster:
         for server in self.servers:
             if server.proc is not None:
                 self.terminate(server.index)
-            try:
-                os.unlink(os.path.join("/dev/shm", server.shm_name))
-            except FileNotFoundError:
-                pass
+            for leftover in (os.path.join("/dev/shm", server.shm_name),
+                             f"/tmp/{server.shm_name}.sock"):
+                try:
+                    os.unlink(leftover)       # what a SIGKILLed server could not remove
+                except FileNotFoundError:
+                    pass

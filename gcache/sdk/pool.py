@@ -11,19 +11,19 @@ from __future__ import annotations
 import threading
 import time
 
+from collections.abc import Callable
+
 from gcache.errors import ConnectFailed
-from gcache.transport.stream import StreamConnection
-from gcache.transport.tcp import connect
+from gcache.sdk.routes import Link
 
 
 class ServerPool:
-    def __init__(self, *, timeout_s: float, io_size: int, suspect_s: float, idle_max: int) -> None:
-        self._timeout_s = timeout_s
-        self._io_size = io_size
+    def __init__(self, *, connect: Callable[[str], Link], suspect_s: float, idle_max: int) -> None:
+        self._connect = connect
         self._suspect_s = suspect_s
         self._idle_max = idle_max
         self._lock = threading.Lock()
-        self._idle: dict[str, list[StreamConnection]] = {}
+        self._idle: dict[str, list[Link]] = {}
         self._suspect_until: dict[str, float] = {}
         self._closed = False
 
@@ -31,8 +31,8 @@ class ServerPool:
         with self._lock:
             return self._suspect_until.get(address, 0.0) > time.monotonic()
 
-    def acquire(self, address: str) -> StreamConnection:
-        """An idle or new connection. Raises ConnectFailed (also for a suspect server)."""
+    def acquire(self, address: str) -> Link:
+        """An idle or new link. Raises ConnectFailed (also for a suspect server)."""
         with self._lock:
             if self._closed:
                 raise ConnectFailed("client is closed")
@@ -41,20 +41,20 @@ class ServerPool:
             idle = self._idle.get(address)
             if idle:
                 return idle.pop()
-        return connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
+        return self._connect(address)
 
-    def release(self, conn: StreamConnection) -> None:
+    def release(self, link: Link) -> None:
         with self._lock:
-            idle = self._idle.setdefault(conn.peer, [])
-            if not self._closed and not conn.closed and len(idle) < self._idle_max:
-                idle.append(conn)
+            idle = self._idle.setdefault(link.address, [])
+            if not self._closed and not link.closed and len(idle) < self._idle_max:
+                idle.append(link)
                 return
-        conn.close()
+        link.close()
 
-    def fail(self, conn: StreamConnection | None, address: str) -> None:
-        """Close ``conn`` and mark ``address`` suspect, dropping its other idle connections."""
-        if conn is not None:
-            conn.close()
+    def fail(self, link: Link | None, address: str) -> None:
+        """Close ``link`` and mark ``address`` suspect, dropping its other idle connections."""
+        if link is not None:
+            link.close()
         with self._lock:
             self._suspect_until[address] = time.monotonic() + self._suspect_s
             stale = self._idle.pop(address, [])
@@ -70,6 +70,6 @@ class ServerPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for conn in conns:
-                conn.close()
+        for links in idle.values():
+            for link in links:
+                link.close()

@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gcache.errors import InvalidRequest, ProtocolError
 from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
                           Header, Op, Status, encode_keys, raise_for_status, unpack_header)
 from gcache.keys import checksum_stream
+from gcache.transport.shm import ArenaMapping
 from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42
@@ -31,20 +33,25 @@ _MAX_REPLY_PAYLOAD = 1 << 42
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    """What a GET brought back: the value's length and whether its checksum held."""
+    """A value read into ``data`` (the caller's ``out`` or a fresh buffer); ``checksum_ok``
+    False means the bytes did not hash to the stored checksum and must not be used."""
 
+    data: Any
     length: int
     checksum_ok: bool
 
 
 class Channel:
-    """One connection plus the request ids and timeout used on it."""
+    """One connection plus the request ids and timeout used on it, and the server's arena
+    mapping when the connection is a same-host one."""
 
-    __slots__ = ("conn", "timeout_s", "_next_id")
+    __slots__ = ("conn", "timeout_s", "mapping", "_next_id")
 
-    def __init__(self, conn: StreamConnection, *, timeout_s: float) -> None:
+    def __init__(self, conn: StreamConnection, *, timeout_s: float,
+                 mapping: ArenaMapping | None = None) -> None:
         self.conn = conn
         self.timeout_s = timeout_s
+        self.mapping = mapping
         self._next_id = 0
 
     def header(self, op: Op, *, key: bytes = b"", **fields: int) -> Header:
@@ -107,6 +114,22 @@ def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
     return request, reply
 
 
+def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
+               verify: bool) -> ReadResult | None:
+    """GET ``key`` into ``out`` (or a new buffer); None when absent. Raises InvalidRequest for
+    an ``out`` smaller than the value (the connection is then mid-reply: close it)."""
+    _, reply = get_length(ch, key)
+    if reply.status == Status.NOT_FOUND:
+        return None
+    length = reply.payload_len
+    target = memoryview(bytearray(length)) if out is None else out
+    check_fits(len(target), length, "out")
+    hasher = checksum_stream() if verify else None
+    ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s, hasher=hasher)
+    ok = hasher is None or hasher.intdigest() == reply.checksum
+    return ReadResult(target, length, ok)
+
+
 def exists(ch: Channel, keys: Sequence[bytes]) -> list[bool]:
     reply = ch.reply(ch.request(Op.EXISTS, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "EXISTS")
@@ -141,8 +164,10 @@ def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
     return [Status(s) for s in statuses]
 
 
-def batch_get_table(ch: Channel, keys: Sequence[bytes]) -> list[tuple[Status, int, int]]:
-    """Send BATCH_GET and read its entry table; the present values follow, in order."""
+def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+                      verify: bool) -> list[ReadResult | None]:
+    """One BATCH_GET; each present value lands in its ``out`` (or a new buffer). Raises
+    InvalidRequest, before reading any value, when an ``out`` is too small."""
     reply = ch.reply(ch.request(Op.BATCH_GET, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "BATCH_GET")
     raw = ch.conn.recv_exact(len(keys) * GET_ENTRY.size, timeout_s=ch.timeout_s)
@@ -151,9 +176,23 @@ def batch_get_table(ch: Channel, keys: Sequence[bytes]) -> list[tuple[Status, in
     if expected != reply.payload_len:
         raise ProtocolError(f"BATCH_GET table adds up to {expected} bytes, frame says "
                             f"{reply.payload_len}")
-    return [(Status(s), length, csum) for s, length, csum in table]
+    if outs is not None:
+        for n, (status, length, _) in enumerate(table):
+            if status == Status.OK:
+                check_fits(len(outs[n]), length, f"outs[{n}]")
+    results: list[ReadResult | None] = []
+    for n, (status, length, stored) in enumerate(table):
+        if status != Status.OK:
+            results.append(None)
+            continue
+        target = memoryview(bytearray(length)) if outs is None else outs[n]
+        hasher = checksum_stream() if verify else None
+        ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s, hasher=hasher)
+        results.append(ReadResult(target, length, hasher is None or hasher.intdigest() == stored))
+    return results
 
 
-def check_fits(out: memoryview, length: int, what: str) -> None:
-    if len(out) < length:
-        raise InvalidRequest(f"{what} is {len(out)} bytes; the value is {length} bytes")
+def check_fits(size: int, length: int, what: str) -> None:
+    """Raise InvalidRequest when a destination of ``size`` bytes cannot hold ``length``."""
+    if size < length:
+        raise InvalidRequest(f"{what} is {size} bytes; the value is {length} bytes")

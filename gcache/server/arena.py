@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,8 +84,11 @@ class Arena:
             os.ftruncate(fd, self.size_bytes)
             self._mmap = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED,
                                    mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except OSError as exc:
             os.close(fd)
+            raise ConfigError("memory", size_bytes, f"cannot map {self.path}: {exc}") from exc
+        self.fd = fd                      # kept open: same-host clients are handed a copy
+        self.arena_id = uuid.uuid4().hex  # tells clients a restarted server's arena is new
         self.view = memoryview(self._mmap)
         if prefault:
             self._prefault()
@@ -187,6 +191,7 @@ class Arena:
             self._mmap.close()
         except BufferError:
             pass           # a handler thread still holds a slice; the process is exiting anyway
+        os.close(self.fd)
         if unlink:
             try:
                 os.unlink(self.path)

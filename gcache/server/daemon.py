@@ -3,7 +3,8 @@
 Threads are named and every loop watches ``stop``; shutdown closes the listener, shuts every
 client socket down (which wakes its handler), joins with a bound, and unlinks the arena.
 A connection over ``max_connections`` is closed at once rather than queued, so overload shows
-up as fast misses in the SDK and never as a stall.
+up as fast misses in the SDK and never as a stall. Same-host clients come in on the Unix socket,
+where HELLO hands them the arena's descriptor; everything else about them is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
 from gcache.server.tier import HotTier
 from gcache.transport.stream import StreamConnection
+from gcache.frame import VERSION
+from gcache.transport.shm import UnixListener, host_id
 from gcache.transport.tcp import TcpListener
 
 log = logging.getLogger(__name__)
@@ -29,9 +32,18 @@ class DataServer:
         self.listener = TcpListener(config.listen, io_size=config.io_size)
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
-        self.tier = HotTier(name=config.shm_name or f"gcache-{port}", size_bytes=config.memory,
+        shm_name = config.shm_name or f"gcache-{port}"
+        self.tier = HotTier(name=shm_name, size_bytes=config.memory,
                             segment_size=config.segment_size, prefault=config.prefault,
                             lease_ttl_s=config.lease_ttl_s)
+        self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
+                                                                 or f"/tmp/{shm_name}.sock")
+        self.unix_listener = (UnixListener(self.unix_path, io_size=config.io_size)
+                              if self.unix_path else None)
+        self.hello = {"version": VERSION, "host_id": host_id(), "address": self.address,
+                      "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
+                      "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
+                      "max_value_size": config.max_value_size}
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._conns: dict[StreamConnection, threading.Thread] = {}
@@ -39,16 +51,20 @@ class DataServer:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for name, target in (("gcache-accept", self._accept_loop), ("gcache-reaper",
-                                                                     self._reap_loop)):
+        loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None)),
+                 ("gcache-reaper", self._reap_loop)]
+        if self.unix_listener is not None:
+            loops.append(("gcache-accept-unix",
+                          lambda: self._accept_loop(self.unix_listener, self.tier.arena.fd)))
+        for name, target in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: TcpListener | UnixListener, arena_fd: int | None) -> None:
         while not self.stop.is_set():
             try:
-                conn = self.listener.accept(timeout_s=0.2)
+                conn = listener.accept(timeout_s=0.2)
             except TransportError as exc:
                 if not self.stop.is_set():
                     log.error("server.accept_failed reason=%s", exc)
@@ -61,15 +77,16 @@ class DataServer:
                     log.warning("conn.refused peer=%s open=%d", conn.peer, len(self._conns))
                     conn.close()
                     continue
-                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                          name=f"gcache-conn-{conn.peer}")
+                thread = threading.Thread(target=self._serve, args=(conn, arena_fd),
+                                          daemon=True, name=f"gcache-conn-{conn.peer}")
                 self._conns[conn] = thread
             thread.start()
 
-    def _serve(self, conn: StreamConnection) -> None:
+    def _serve(self, conn: StreamConnection, arena_fd: int | None) -> None:
         try:
             ConnectionHandler(conn, self.tier, self.config, stat_extra=self._stat_extra,
-                              is_stopping=self.stop.is_set).serve()
+                              is_stopping=self.stop.is_set, hello=self.hello,
+                              arena_fd=arena_fd).serve()
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
@@ -92,6 +109,8 @@ class DataServer:
     def shutdown(self, *, join_s: float = 2.0) -> None:
         self.stop.set()
         self.listener.close()
+        if self.unix_listener is not None:
+            self.unix_listener.close()
         with self._lock:
             conns = list(self._conns.items())
         for conn, _ in conns:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from gcache.config import ServerConfig
 from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            TransportError)
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
-                          Header, Op, Status, decode_keys, unpack_header)
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_NO_REPLY, GET_ENTRY, HANDLE, HEADER_SIZE,
+                          LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, decode_keys,
+                          unpack_header)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.tier import HotTier
 from gcache.transport.stream import StreamConnection
@@ -26,7 +27,7 @@ from gcache.transport.stream import StreamConnection
 log = logging.getLogger(__name__)
 
 _KEYED = {Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE}
-_NO_PAYLOAD = {Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.RELEASE, Op.DELETE, Op.STAT}
+_NO_PAYLOAD = {Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.DELETE, Op.STAT, Op.HELLO}
 _KEY_LIST_MAX = 2 + MAX_KEY_BYTES
 
 
@@ -42,9 +43,12 @@ class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
     def __init__(self, conn: StreamConnection, tier: HotTier, config: ServerConfig, *,
-                 stat_extra: Callable[[], dict], is_stopping: Callable[[], bool]) -> None:
+                 stat_extra: Callable[[], dict], is_stopping: Callable[[], bool],
+                 hello: dict, arena_fd: int | None) -> None:
         self.conn = conn
         self._is_stopping = is_stopping
+        self._hello = json.dumps(hello).encode()
+        self._arena_fd = arena_fd           # set on Unix connections: HELLO passes the arena
         self.tier = tier
         self.config = config
         self.io_timeout_s = max(10.0, config.lease_ttl_s)
@@ -58,6 +62,7 @@ class ConnectionHandler:
             Op.COMMIT: self._commit, Op.LEASE: self._lease, Op.READ: self._read,
             Op.RELEASE: self._release, Op.EXISTS: self._exists, Op.DELETE: self._delete,
             Op.STAT: self._stat, Op.BATCH_GET: self._batch_get, Op.BATCH_PUT: self._batch_put,
+            Op.HELLO: self._hello_reply, Op.BATCH_LEASE: self._batch_lease,
         }
 
     def serve(self) -> None:
@@ -99,7 +104,11 @@ class ConnectionHandler:
         if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size + trailer:
             raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                         f"max_value_size {self.config.max_value_size}")
-        if h.op in (Op.EXISTS, Op.BATCH_GET) and h.payload_len > h.count * _KEY_LIST_MAX:
+        if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:
+            raise _Drop(Status.BAD_REQUEST, f"RELEASE of {h.count} handles carries "
+                        f"{h.payload_len} bytes; needs {h.count * HANDLE.size}")
+        if h.op in (Op.EXISTS, Op.BATCH_GET, Op.BATCH_LEASE) and \
+                h.payload_len > h.count * _KEY_LIST_MAX:
             raise _Drop(Status.BAD_REQUEST, f"{h.count} keys cannot take {h.payload_len} bytes")
 
     # ---- replies ------------------------------------------------------------------------------
@@ -130,7 +139,7 @@ class ConnectionHandler:
         """
         trailer = TRAILER.size if expected is None else 0
         try:
-            handle, target = self.tier.alloc(key, length, expires=False)
+            handle, _, target = self.tier.alloc(key, length, expires=False)
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
             self._drain(length + trailer)
@@ -191,13 +200,13 @@ class ConnectionHandler:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
         try:
-            handle, target = self.tier.alloc(key, h.length)
+            handle, offset, target = self.tier.alloc(key, h.length)
         except NoSpace:
             self._reply(h, Status.NO_SPACE)
             return
         target.release()
         self._handles.add(handle)
-        self._reply(h, Status.OK, handle=handle, length=h.length)
+        self._reply(h, Status.OK, handle=handle, length=h.length, offset=offset)
 
     def _write(self, h: Header, key: bytes) -> None:
         try:
@@ -221,7 +230,8 @@ class ConnectionHandler:
         handle, entry, view = leased
         view.release()
         self._handles.add(handle)
-        self._reply(h, Status.OK, handle=handle, length=entry.length, checksum=entry.checksum)
+        self._reply(h, Status.OK, handle=handle, offset=entry.value, length=entry.length,
+                    checksum=entry.checksum)
 
     def _read(self, h: Header, key: bytes) -> None:
         try:
@@ -239,8 +249,18 @@ class ConnectionHandler:
             view.release()
 
     def _release(self, h: Header, key: bytes) -> None:
-        self._handles.discard(h.handle)
-        self._reply(h, Status.OK if self.tier.release(h.handle) else Status.UNKNOWN_HANDLE)
+        if h.count:
+            raw = self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s)
+            handles = [HANDLE.unpack_from(raw, i * HANDLE.size)[0] for i in range(h.count)]
+        else:
+            handles = [h.handle]
+        released = 0
+        for handle in handles:
+            self._handles.discard(handle)
+            released += self.tier.release(handle)
+        if not h.flags & FLAG_NO_REPLY:
+            self._reply(h, Status.OK if released == len(handles) else Status.UNKNOWN_HANDLE,
+                        count=released)
 
     def _read_keys(self, h: Header) -> list[bytes]:
         payload = self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s)
@@ -290,6 +310,28 @@ class ConnectionHandler:
             pos += key_len
             statuses.append(self._recv_value(entry_key, length, expected))
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
+
+    def _hello_reply(self, h: Header, key: bytes) -> None:
+        reply = Header(h.op, h.request_id, Status.OK, payload_len=len(self._hello))
+        if self._arena_fd is None:
+            self.conn.send((reply.pack(), self._hello), timeout_s=self.io_timeout_s)
+        else:
+            self.conn.send_fds((reply.pack(), self._hello), [self._arena_fd],
+                               timeout_s=self.io_timeout_s)
+
+    def _batch_lease(self, h: Header, key: bytes) -> None:
+        table = bytearray()
+        for k in self._read_keys(h):
+            leased = self.tier.lease(k)
+            if leased is None:
+                table += LEASE_ENTRY.pack(Status.NOT_FOUND, 0, 0, 0, 0)
+                continue
+            handle, entry, view = leased
+            view.release()
+            self._handles.add(handle)
+            table += LEASE_ENTRY.pack(Status.OK, handle, entry.value, entry.length,
+                                      entry.checksum)
+        self._reply(h, Status.OK, payload=(bytes(table),), count=h.count)
 
     def _cleanup(self) -> None:
         for handle in self._handles:

@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--io-size", dest="io_size", help="largest single IO, e.g. 1MiB")
     parser.add_argument("--max-value-size", dest="max_value_size", help="largest value")
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
+    parser.add_argument("--unix-socket", dest="unix_socket",
+                        help="same-host socket path, or 'off' (default /tmp/<shm-name>.sock)")
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
     parser.add_argument("--no-prefault", dest="prefault", action="store_const", const=False,
                         help="do not touch arena pages at start")

@@ -77,8 +77,10 @@ class HotTier:
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def alloc(self, key: bytes, length: int, *, expires: bool = True) -> tuple[int, memoryview]:
-        """Reserve space for ``key``; returns a write handle and the value's memory.
+    def alloc(self, key: bytes, length: int, *,
+              expires: bool = True) -> tuple[int, int, memoryview]:
+        """Reserve space for ``key``; returns a write handle, the value's arena offset and its
+        memory.
 
         ``expires=False`` is for a write the server itself drives to the end (a PUT frame): its
         connection's IO timeout bounds it, not the TTL. Raises NoSpace (every candidate span
@@ -92,7 +94,7 @@ class HotTier:
             head.keys.append(key)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
-            return handle, self.arena.view[entry.value:entry.value + length]
+            return handle, entry.value, self.arena.view[entry.value:entry.value + length]
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:

@@ -100,4 +100,4 @@ def test_stat_reports_the_tier(channel):
 
 def test_check_fits_names_both_sizes():
     with pytest.raises(InvalidRequest, match="out is 3 bytes; the value is 4 bytes"):
-        protocol.check_fits(memoryview(bytearray(3)), 4, "out")
+        protocol.check_fits(3, 4, "out")

@@ -21,7 +21,7 @@ def tier():
 
 
 def put(tier, key: bytes, value: bytes) -> None:
-    handle, target = tier.alloc(key, len(value))
+    handle, _, target = tier.alloc(key, len(value))
     target[:] = value
     tier.commit(handle, checksum(value))
 
@@ -44,7 +44,7 @@ def test_committed_values_read_back(tier):
 
 
 def test_uncommitted_and_mismatched_writes_are_never_visible(tier):
-    handle, target = tier.alloc(b"k", 10)
+    handle, _, target = tier.alloc(b"k", 10)
     target[:] = b"0123456789"
     assert read(tier, b"k") is None
     with pytest.raises(ChecksumMismatch):
@@ -98,7 +98,7 @@ def test_values_larger_than_a_segment_take_a_span(tier):
 
 
 def test_expired_pins_are_reaped(tier):
-    handle, _ = tier.alloc(b"abandoned", 100)
+    handle, _, _ = tier.alloc(b"abandoned", 100)
     assert tier.stats()["pins"] == 1
 
     assert tier.reap_expired(time.monotonic() + 61) == 1
@@ -119,7 +119,7 @@ def test_in_order_writes_are_hashed_as_they_land_and_any_order_still_commits(tie
     value = bytes(range(256)) * 64
     for order in ([0, 1, 2, 3], [2, 0, 3, 1]):
         key = f"ordered-{order[0]}".encode()
-        handle, _ = tier.alloc(key, len(value))
+        handle, _, _ = tier.alloc(key, len(value))
         for part in order:
             target, _hasher = tier.write_target(handle, part * 4096, 4096)
             target[:] = value[part * 4096:(part + 1) * 4096]
@@ -133,7 +133,7 @@ def test_in_order_writes_are_hashed_as_they_land_and_any_order_still_commits(tie
 def test_pins_of_server_driven_transfers_never_expire(tier):
     put(tier, b"streaming", b"s" * 100)
     handle, _, view = tier.lease(b"streaming", expires=False)
-    write, _ = tier.alloc(b"incoming", 100, expires=False)
+    write, _, _ = tier.alloc(b"incoming", 100, expires=False)
     assert tier.reap_expired(time.monotonic() + 1e6) == 0
     assert bytes(view) == b"s" * 100
     tier.release(handle)

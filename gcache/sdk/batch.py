@@ -1,0 +1,144 @@
+"""Batch exchanges: one request per server, servers in parallel, copies in parallel.
+
+Over TCP a batch is one BATCH_PUT or BATCH_GET per server, run on the IO threads. Over shared
+memory it has three phases, each run on the IO threads while the caller waits:
+1. per server, one BATCH_LEASE (reads) or pipelined ALLOCs (writes) on a link that is then held;
+2. one copy job per value between the caller's buffer and the arena, so two IO threads copy two
+   values at once (a copy runs in numpy with the GIL released);
+3. per server, on the held link, pipelined COMMITs (writes) or one batched no-reply RELEASE.
+Holding the link across phases matters: a server drops what a connection leases or allocates when
+that connection closes, and the pool may close surplus idle links.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gcache.frame import Status
+from gcache.keys import checksum
+from gcache.sdk import protocol, shm_exchange
+from gcache.sdk.dispatch import MISS, Dispatcher, Miss
+from gcache.sdk.outcome import put_outcome, read_outcome
+from gcache.sdk.protocol import ReadResult
+from gcache.sdk.routes import Link
+from gcache.sdk.shm_exchange import Extent
+
+Held = tuple[Link, list[int], list[Extent | None]]
+
+
+def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
+              group: bytes | None) -> list[bool]:
+    results = [False] * len(keys)
+
+    def start(address: str | None, idx: list[int]) -> Held | None:
+        d.stats.request("put", len(idx))
+        link = d.acquire(address, len(idx))
+        if isinstance(link, Miss):
+            return None
+        if link.mapping is None:
+            for i in idx:
+                shm_exchange.needs_shm_link(link, values[i], f"values[{i}]")
+            sums = [checksum(values[i]) for i in idx]
+            statuses = d.run(link, lambda ch: protocol.batch_put(
+                ch, [keys[i] for i in idx], [values[i] for i in idx], sums), len(idx))
+            _finish_puts(d, link, idx, statuses, values, results)
+            return None
+        extents = d.run(link, lambda ch: shm_exchange.alloc_many(
+            ch, [keys[i] for i in idx], [shm_exchange.size_of(values[i]) for i in idx]), len(idx))
+        return None if isinstance(extents, Miss) else (link, idx, extents)
+
+    held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
+                                   for a, idx in d.plan(keys, group)]) if h is not None]
+    copies = [(link, i, extent) for link, idx, extents in held
+              for i, extent in zip(idx, extents) if extent is not None]
+    digests = d.parallel([lambda link=link, i=i, e=e: shm_exchange.copy_in(link.mapping, e, values[i])
+                          for link, i, e in copies])
+    digest_of = {(id(link), i): digest for (link, i, _), digest in zip(copies, digests)}
+
+    def commit(link: Link, idx: list[int], extents: list[Extent | None]) -> None:
+        todo = [(i, e) for i, e in zip(idx, extents) if e is not None]
+        statuses = d.run(link, lambda ch: shm_exchange.commit_many(
+            ch, [e.handle for _, e in todo], [digest_of[(id(link), i)] for i, _ in todo]),
+            len(todo))
+        by_key = dict.fromkeys(idx, Status.NO_SPACE)
+        if not isinstance(statuses, Miss):
+            by_key.update({i: s for (i, _), s in zip(todo, statuses)})
+        _finish_puts(d, link, idx, MISS if isinstance(statuses, Miss) else
+                     [by_key[i] for i in idx], values, results)
+
+    d.parallel([lambda h=h: commit(*h) for h in held])
+    return results
+
+
+def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Status] | Miss,
+                 values: list[Any], results: list[bool]) -> None:
+    if isinstance(statuses, Miss):
+        return                                    # the link is closed, the misses counted
+    d.release(link)
+    for n, i in enumerate(idx):
+        results[i] = put_outcome(d.stats, statuses[n], shm_exchange.size_of(values[i]))
+
+
+def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
+               group: bytes | None) -> list[Any]:
+    """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses."""
+    results: list[Any] = [None] * len(keys)
+    verify, want_bytes = d.config.verify_checksum, outs is None
+
+    def start(address: str | None, idx: list[int]) -> Held | None:
+        d.stats.request("get", len(idx))
+        link = d.acquire(address, len(idx))
+        if isinstance(link, Miss):
+            return None
+        if link.mapping is None:
+            targets = None if outs is None else [outs[i] for i in idx]
+            for i in idx if outs is not None else ():
+                shm_exchange.needs_shm_link(link, outs[i], f"outs[{i}]")
+            found = d.run(link, lambda ch: protocol.batch_read_values(
+                ch, [keys[i] for i in idx], targets, verify=verify), len(idx))
+            if not isinstance(found, Miss):
+                d.release(link)
+                for n, i in enumerate(idx):
+                    results[i] = read_outcome(d.stats, found[n], want_bytes=want_bytes)
+            return None
+        extents = d.run(link, lambda ch: shm_exchange.lease_many(ch, [keys[i] for i in idx]),
+                        len(idx))
+        return None if isinstance(extents, Miss) else (link, idx, extents)
+
+    held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
+                                   for a, idx in d.plan(keys, group)]) if h is not None]
+    try:
+        copies = _read_copies(held, outs)
+        found = d.parallel([lambda link=link, e=e, t=t: ReadResult(
+            t, e.length, shm_exchange.copy_out(link.mapping, e, t, verify=verify))
+            for link, _, e, t in copies])
+        for (_, i, _, _), result in zip(copies, found):
+            results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
+        for link, idx, extents in held:
+            for i, extent in zip(idx, extents):
+                if extent is None:
+                    results[i] = read_outcome(d.stats, None, want_bytes=want_bytes)
+    finally:
+        for link, _, extents in held:
+            d.submit(_release, d, link, [e.handle for e in extents if e is not None])
+    return results
+
+
+def _read_copies(held: list[Held], outs: list[Any] | None) -> list[tuple[Link, int, Extent, Any]]:
+    """The copy jobs of a shared-memory batch read; InvalidRequest if an ``out`` is too small."""
+    copies = []
+    for link, idx, extents in held:
+        for i, extent in zip(idx, extents):
+            if extent is None:
+                continue
+            target = memoryview(bytearray(extent.length)) if outs is None else outs[i]
+            protocol.check_fits(shm_exchange.size_of(target), extent.length, f"outs[{i}]")
+            copies.append((link, i, extent, target))
+    return copies
+
+
+def _release(d: Dispatcher, link: Link, handles: list[int]) -> None:
+    if not isinstance(d.run(link, lambda ch: shm_exchange.release(ch, handles), 0), Miss):
+        d.release(link)
+
+

@@ -1,0 +1,133 @@
+"""Where an SDK request goes and what happens when it fails.
+
+``Dispatcher`` owns placement (the ring), routes and links to servers, the IO threads, and the
+one rule that turns a failed exchange into counted misses: the link is closed, the server is
+marked suspect and its route forgotten, and the caller gets ``MISS``. ``Client`` (the API) and
+``batch`` (multi-phase batch exchanges) both go through it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from gcache.config import ClientConfig
+from gcache.errors import (ConnectFailed, ConnectionLost, IOTimeout, ProtocolError, ServerError,
+                           TransportError)
+from gcache.ring import Ring
+from gcache.sdk.metrics import ClientStats
+from gcache.sdk.pool import ServerPool
+from gcache.sdk.protocol import Channel
+from gcache.sdk.routes import Link, Routes
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+BATCH_MAX = 4096             # keys per request frame (the wire allows 65535)
+
+
+class Miss:
+    """Returned instead of a result when an exchange became a miss (already counted)."""
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+MISS = Miss()
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, IOTimeout):
+        return "timeout"
+    if isinstance(exc, ConnectFailed):
+        return "unreachable"
+    if isinstance(exc, ConnectionLost):
+        return "connection_lost"
+    if isinstance(exc, ProtocolError):
+        return "protocol"
+    return "server_error"
+
+
+class Dispatcher:
+    def __init__(self, config: ClientConfig, stats: ClientStats) -> None:
+        self.config = config
+        self.stats = stats
+        self.ring = Ring.uniform(config.servers, vnodes=config.vnodes)
+        self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
+                             io_size=config.io_size)
+        self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
+                               idle_max=config.io_threads + 1)
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io")
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+        self.pool.close()
+
+    # ---- placement ------------------------------------------------------------------------------
+
+    def owner(self, key: bytes, group: bytes | None) -> str | None:
+        return self.ring.owner(key, group=group, group_width=self.config.group_width)
+
+    def plan(self, keys: Sequence[bytes], group: bytes | None) -> list[tuple[str | None, list[int]]]:
+        """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each."""
+        by_server: dict[str | None, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_server.setdefault(self.owner(key, group), []).append(i)
+        return [(address, idx[start:start + BATCH_MAX]) for address, idx in by_server.items()
+                for start in range(0, len(idx), BATCH_MAX)]
+
+    # ---- IO threads -----------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._io.submit(fn, *args)
+
+    def parallel(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
+        """Run ``jobs`` on the IO threads; their results in order (the caller only waits)."""
+        futures = [self._io.submit(job) for job in jobs]
+        return [f.result() for f in futures]
+
+    # ---- links and misses -----------------------------------------------------------------------
+
+    def acquire(self, address: str | None, n_keys: int) -> Link | Miss:
+        if address is None:
+            self.stats.miss("no_server", n_keys)
+            return MISS
+        if self.pool.is_suspect(address):
+            self.stats.miss("suspect", n_keys)
+            return MISS
+        try:
+            return self.pool.acquire(address)
+        except (TransportError, ProtocolError, ServerError) as exc:
+            return self._failed(None, address, exc, n_keys)
+
+    def run(self, link: Link, fn: Callable[[Channel], T], n_keys: int) -> T | Miss:
+        """Run ``fn`` on ``link``; on failure the link is closed and the keys counted as misses."""
+        try:
+            return fn(Channel(link.conn, timeout_s=self.config.timeout_s, mapping=link.mapping))
+        except (TransportError, ProtocolError, ServerError) as exc:
+            return self._failed(link, link.address, exc, n_keys)
+        except BaseException:
+            link.close()              # a bad ``out`` (or a bug) may leave a reply half read
+            raise
+
+    def release(self, link: Link) -> None:
+        self.pool.release(link)
+
+    def call(self, address: str | None, fn: Callable[[Channel], T], n_keys: int = 1) -> T | Miss:
+        """Acquire a link to ``address``, run ``fn`` on it, give it back: the one-phase case."""
+        link = self.acquire(address, n_keys)
+        if isinstance(link, Miss):
+            return MISS
+        result = self.run(link, fn, n_keys)
+        if result is not MISS:
+            self.pool.release(link)
+        return result
+
+    def _failed(self, link: Link | None, address: str, exc: Exception, n_keys: int) -> Miss:
+        self.pool.fail(link, address)
+        self.routes.forget(address)
+        reason = _reason(exc)
+        self.stats.miss(reason, n_keys)
+        log.warning("sdk.miss server=%s reason=%s detail=%s", address, reason, exc)
+        return MISS

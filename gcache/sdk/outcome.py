@@ -1,0 +1,39 @@
+"""How an exchange's result becomes what the API returns, with the hit and miss accounting."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gcache.frame import Status
+from gcache.sdk.dispatch import MISS, Miss
+from gcache.sdk.metrics import ClientStats
+from gcache.sdk.protocol import ReadResult
+
+log = logging.getLogger(__name__)
+
+
+def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool:
+    """True when stored; a NO_SPACE or CHECKSUM_MISMATCH answer counts as a miss."""
+    if status is MISS:
+        return False                              # counted where it failed
+    if status == Status.OK:
+        stats.stored(n_bytes)
+        return True
+    stats.miss("no_space" if status == Status.NO_SPACE else "checksum")
+    return False
+
+
+def read_outcome(stats: ClientStats, result: ReadResult | None | Miss, *, want_bytes: bool) -> Any:
+    """The value (bytes) or its length, or None for absent, failed and corrupt reads."""
+    if result is MISS:
+        return None
+    if result is None:
+        stats.miss("absent")
+        return None
+    if not result.checksum_ok:
+        log.error("sdk.checksum_mismatch bytes=%d", result.length)
+        stats.miss("checksum")
+        return None
+    stats.hit(result.length)
+    return bytes(result.data[:result.length]) if want_bytes else result.length

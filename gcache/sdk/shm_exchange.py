@@ -1,0 +1,147 @@
+"""The client side of same-host exchanges: small frames on the Unix socket, values copied once
+between the caller's buffer and the server's mapped arena.
+
+Read: LEASE -> copy out of the mapping (hashing as it goes) -> RELEASE without a reply, so the
+release costs a send, not a round trip. Write: ALLOC -> copy in (hashing) -> COMMIT, whose reply
+says whether the server's own hash of the arena bytes matched ours. Batches lease, allocate and
+commit with one request per server; their copies are separate steps so that the client can run
+them on its IO threads in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gcache.frame import (FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys,
+                          raise_for_status)
+from gcache.keys import checksum_stream
+from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
+from gcache.transport.cuda import cuda_nbytes, is_cuda_tensor, read_into_cuda, write_from_cuda
+from gcache.sdk.routes import Link
+from gcache.transport.shm import ArenaMapping
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """Where a leased or allocated value lives in the arena."""
+
+    handle: int
+    offset: int
+    length: int
+    checksum: int = 0
+
+
+def needs_shm(ch: Channel, buffer: Any, what: str) -> None:
+    """Refuse a CUDA tensor on a TCP link (TypeError): only a mapped arena can DMA to it."""
+    if ch.mapping is None and is_cuda_tensor(buffer):
+        raise TypeError(f"{what} is a CUDA tensor; that needs a same-host server (transport "
+                        f"'shm'), and {ch.conn.peer} is reached over TCP")
+
+
+def needs_shm_link(link: Link, buffer: Any, what: str) -> None:
+    """``needs_shm`` for a link not yet wrapped in a channel (batch planning)."""
+    if link.mapping is None and is_cuda_tensor(buffer):
+        link.close()
+        raise TypeError(f"{what} is a CUDA tensor; that needs a same-host server (transport "
+                        f"'shm'), and {link.address} is reached over TCP")
+
+
+def size_of(target: Any) -> int:
+    """Bytes in a buffer view or a CUDA tensor."""
+    return cuda_nbytes(target) if is_cuda_tensor(target) else len(target)
+
+
+def copy_out(mapping: ArenaMapping, extent: Extent, out: Any, *, verify: bool) -> bool:
+    """Copy a leased value into ``out``; False when its checksum does not hold."""
+    hasher = checksum_stream() if verify else None
+    if is_cuda_tensor(out):
+        read_into_cuda(mapping, extent.offset, extent.length, out, hasher)
+    else:
+        mapping.read_into(extent.offset, out[:extent.length], hasher)
+    return hasher is None or hasher.intdigest() == extent.checksum
+
+
+def copy_in(mapping: ArenaMapping, extent: Extent, value: Any) -> int:
+    """Copy ``value`` into an allocated extent; returns its checksum."""
+    hasher = checksum_stream()
+    if is_cuda_tensor(value):
+        write_from_cuda(mapping, extent.offset, value, hasher)
+    else:
+        mapping.write_from(extent.offset, value, hasher)
+    return hasher.intdigest()
+
+
+def release(ch: Channel, handles: Sequence[int]) -> None:
+    """Drop leases without waiting for (or getting) a reply."""
+    if len(handles) == 1:
+        ch.request(Op.RELEASE, handle=handles[0], flags=FLAG_NO_REPLY)
+    elif handles:
+        payload = b"".join(HANDLE.pack(h) for h in handles)
+        ch.request(Op.RELEASE, payload=(payload,), count=len(handles), flags=FLAG_NO_REPLY)
+
+
+def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult | None:
+    """LEASE, copy, RELEASE. None when absent; InvalidRequest for a too-small ``out``."""
+    assert ch.mapping is not None
+    reply = ch.reply(ch.request(Op.LEASE, key=key))
+    raise_for_status(reply, "LEASE")
+    if reply.status == Status.NOT_FOUND:
+        return None
+    extent = Extent(reply.handle, reply.offset, reply.length, reply.checksum)
+    try:
+        target = memoryview(bytearray(extent.length)) if out is None else out
+        check_fits(size_of(target), extent.length, "out")
+        ok = copy_out(ch.mapping, extent, target, verify=verify)
+    finally:
+        release(ch, [extent.handle])
+    return ReadResult(target, extent.length, ok)
+
+
+def write_value(ch: Channel, key: bytes, value: Any) -> Status:
+    """ALLOC, copy, COMMIT; returns OK, NO_SPACE or CHECKSUM_MISMATCH."""
+    assert ch.mapping is not None
+    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size_of(value)))
+    raise_for_status_except_space(alloc, "ALLOC")
+    if alloc.status != Status.OK:
+        return alloc.status
+    digest = copy_in(ch.mapping, Extent(alloc.handle, alloc.offset, alloc.length), value)
+    reply = ch.reply(ch.request(Op.COMMIT, handle=alloc.handle, checksum=digest))
+    raise_for_status_except_space(reply, "COMMIT")
+    return reply.status
+
+
+def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:
+    """One BATCH_LEASE; None for each absent key."""
+    reply = ch.reply(ch.request(Op.BATCH_LEASE, payload=(encode_keys(keys),), count=len(keys)))
+    raise_for_status(reply, "BATCH_LEASE")
+    raw = ch.payload(reply)
+    extents: list[Extent | None] = []
+    for i in range(len(keys)):
+        status, handle, offset, length, csum = LEASE_ENTRY.unpack_from(raw, i * LEASE_ENTRY.size)
+        extents.append(Extent(handle, offset, length, csum) if status == Status.OK else None)
+    return extents
+
+
+def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Extent | None]:
+    """Pipelined ALLOCs; None where the server had no space."""
+    requests = [ch.request(Op.ALLOC, key=k, length=n) for k, n in zip(keys, sizes)]
+    extents: list[Extent | None] = []
+    for request in requests:
+        reply = ch.reply(request)
+        raise_for_status_except_space(reply, "ALLOC")
+        ok = reply.status == Status.OK
+        extents.append(Extent(reply.handle, reply.offset, reply.length) if ok else None)
+    return extents
+
+
+def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
+    """Pipelined COMMITs, in order."""
+    requests = [ch.request(Op.COMMIT, handle=h, checksum=d) for h, d in zip(handles, digests)]
+    statuses = []
+    for request in requests:
+        reply = ch.reply(request)
+        raise_for_status_except_space(reply, "COMMIT")
+        statuses.append(reply.status)
+    return statuses

@@ -1,0 +1,75 @@
+"""CUDA tensors in and out of a mapped arena: one DMA each way, no bounce buffer.
+
+The mapping is registered with ``cudaHostRegister`` once, which pins its pages and lets the GPU
+copy engine read and write them directly; a copy between the mapping and a CUDA tensor is then a
+single host-to-device (or device-to-host) DMA. torch is imported here and only here, and only
+when a CUDA tensor is actually passed. Checksums are computed on the host side of the copy: the
+arena bytes before a read leaves, the arena bytes after a write landed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gcache.keys import Hasher
+from gcache.transport.shm import ArenaMapping
+
+_REGISTER_PORTABLE = 0x01
+
+
+def is_cuda_tensor(obj: Any) -> bool:
+    return (type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda")
+            and bool(obj.is_cuda))
+
+
+def _flat_bytes(tensor: Any, what: str) -> Any:
+    import torch
+
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} is a non-contiguous CUDA tensor of shape "
+                         f"{tuple(tensor.shape)}; buffers must be contiguous")
+    return tensor.view(-1).view(torch.uint8)
+
+
+def _register(mapping: ArenaMapping) -> None:
+    if mapping.cuda_registered:
+        return
+    import torch
+
+    pointer = mapping.array.ctypes.data
+    error = torch.cuda.cudart().cudaHostRegister(pointer, mapping.size_bytes, _REGISTER_PORTABLE)
+    code = int(getattr(error, "value", error))
+    if code != 0:
+        raise RuntimeError(f"cudaHostRegister of the {mapping.size_bytes}-byte arena failed "
+                           f"with CUDA error {code}")
+    mapping.cuda_registered = True
+
+
+def _host_view(mapping: ArenaMapping, offset: int, length: int) -> Any:
+    import torch
+
+    return torch.from_numpy(mapping.array[offset:offset + length])
+
+
+def cuda_nbytes(tensor: Any) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
+                   hasher: Hasher | None) -> None:
+    """Copy arena bytes ``[offset, offset+length)`` into the CUDA tensor ``out``."""
+    _register(mapping)
+    source = _host_view(mapping, offset, length)
+    if hasher is not None:
+        hasher.update(memoryview(mapping.array[offset:offset + length]))
+    _flat_bytes(out, "out")[:length].copy_(source, non_blocking=False)
+
+
+def write_from_cuda(mapping: ArenaMapping, offset: int, value: Any,
+                    hasher: Hasher | None) -> None:
+    """Copy the CUDA tensor ``value`` into the arena at ``offset``."""
+    _register(mapping)
+    flat = _flat_bytes(value, "value")
+    _host_view(mapping, offset, flat.numel()).copy_(flat, non_blocking=False)
+    if hasher is not None:
+        hasher.update(memoryview(mapping.array[offset:offset + flat.numel()]))
