@@ -33,6 +33,32 @@ def memcpy_gbps(block_bytes: int = 4 * MiB, total_bytes: int = 256 * MiB, rounds
     return best
 
 
+def memcpy_threads_gbps(threads: int, block_bytes: int = 4 * MiB,
+                        total_bytes: int = 256 * MiB) -> float:
+    """Copy bandwidth of ``threads`` threads copying distinct blocks at once, GB/s (numpy
+    releases the GIL): what parallel copies on this machine can reach at most."""
+    import threading
+
+    n = total_bytes // block_bytes
+    src = [np.random.randint(0, 255, block_bytes, dtype=np.uint8) for _ in range(n)]
+    dst = [np.ones(block_bytes, dtype=np.uint8) for _ in range(n)]
+
+    def work(part: int) -> None:
+        for i in range(part, n, threads):
+            np.copyto(dst[i], src[i])
+
+    best = 0.0
+    for _ in range(3):
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, total_bytes / (time.perf_counter() - start) / 1e9)
+    return best
+
+
 def _sender(port: int, block_bytes: int, count: int, io_size: int) -> None:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

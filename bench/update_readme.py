@@ -16,29 +16,45 @@ START, END = "<!-- bench:dataplane:start -->", "<!-- bench:dataplane:end -->"
 
 
 def render(report: dict) -> str:
-    limits, lat = report["limits"], report["gcache"]["get_64KiB_latency"]
+    limits, gcache = report["limits"], report["gcache"]
     lines = [
         f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
-        f"{report['python']}; one `gcache-server` on loopback, client in another process; best "
-        "of 3 runs for every figure, limits included.",
+        f"{report['python']}: one `gcache-server` on loopback, the client in another process, "
+        "forced to TCP and then over shared memory; best of 3 runs for every figure, limits "
+        "included.",
         "",
-        f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s; raw loopback socket "
+        f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s (two threads at once "
+        f"{limits['memcpy_2threads_gbps']:.2f}); raw loopback socket "
         f"{limits['raw_socket_1MiB_gbps']:.2f} GB/s (1 MiB) and "
         f"{limits['raw_socket_4MiB_gbps']:.2f} GB/s (4 MiB); Redis GET "
         f"{limits.get('redis_get_4MiB_gbps', float('nan')):.2f} / SET "
-        f"{limits.get('redis_set_4MiB_gbps', float('nan')):.2f} GB/s (4 MiB).",
+        f"{limits.get('redis_set_4MiB_gbps', float('nan')):.2f} GB/s (4 MiB). TCP rows are "
+        "ratios to the raw socket (and Redis), shared-memory rows to memcpy.",
         "",
-        "| operation | threads | size | GB/s | × raw socket | × Redis |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| transport | operation | client threads | size | GB/s | × limit | × Redis |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, row in report["ratios"].items():
-        op, size = name.split("@")
+        transport, rest = name.split(" ", 1)
+        op, size = rest.split("@")
         op, threads = op.rsplit("_t", 1)
         redis = f"{row['x_redis']:.2f}" if "x_redis" in row else "–"
-        lines.append(f"| {op} | {threads} | {size} | {row['gbps']:.2f} | "
-                     f"{row['x_raw_socket']:.2f} | {redis} |")
-    lines += ["", f"64 KiB `get` latency: p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms "
-              f"(raw socket round trip p50 {limits['raw_socket_64KiB_rtt_p50_ms']:.3f} ms)."]
+        lines.append(f"| {transport} | {op} | {threads} | {size} | {row['gbps']:.2f} | "
+                     f"{row['x_limit']:.2f} × {row['limit']} | {redis} |")
+    lines.append("")
+    for transport in ("tcp", "shm"):
+        lat = gcache[f"{transport}/get_into_64KiB_latency"]
+        lines.append(f"- 64 KiB `get_into` over {transport}: p50 {lat['p50_ms']:.3f} ms, "
+                     f"p99 {lat['p99_ms']:.3f} ms.")
+    lines.append(f"- Raw socket 64 KiB round trip: p50 "
+                 f"{limits['raw_socket_64KiB_rtt_p50_ms']:.3f} ms.")
+    scaling = gcache["shm/batch_scaling"]
+    lines.append(f"- `batch_get_into` of 16 × 4 MiB over shared memory: "
+                 f"{scaling['io_threads_1_gbps']:.2f} GB/s with 1 IO thread, "
+                 f"{scaling['io_threads_2_gbps']:.2f} GB/s with 2 "
+                 f"({scaling['io_threads_2_gbps'] / scaling['io_threads_1_gbps']:.2f}×; two "
+                 f"memcpy threads reach "
+                 f"{limits['memcpy_2threads_gbps'] / limits['memcpy_gbps']:.2f}× here).")
     return "\n".join(lines)
 
 

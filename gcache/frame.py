@@ -26,8 +26,11 @@ TRAILER = struct.Struct("<Q")
 # PUT flag: the value's xxh3_64 follows the value as an 8-byte trailer (counted in payload_len)
 # instead of riding in the header, so a sender can hash each slice just before sending it.
 FLAG_CHECKSUM_TRAILS = 0x01
-# RELEASE flag: send no reply (shared-memory readers release off the critical path).
+# RELEASE / WRITE flag: send no reply (shared-memory clients notify off the critical path).
 FLAG_NO_REPLY = 0x02
+# WRITE flag: no payload; [offset, offset + length) of the extent was already written in place
+# by a same-host client, and the server may hash it now instead of at COMMIT.
+FLAG_IN_PLACE = 0x04
 
 
 class Op(enum.IntEnum):

@@ -45,3 +45,28 @@ def cluster_factory(tmp_path):
     yield make
     for cluster in started:
         cluster.stop()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _rdma_available() -> bool:
+    import os
+    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="requires_gpu: no CUDA device on this machine "
+                                       "(torch.cuda.is_available() is False)")
+    skip_rdma = pytest.mark.skip(reason="requires_rdma: no RDMA device under /sys/class/infiniband")
+    gpu, rdma = _cuda_available(), _rdma_available()
+    for item in items:
+        if "requires_gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
+        if "requires_rdma" in item.keywords and not rdma:
+            item.add_marker(skip_rdma)

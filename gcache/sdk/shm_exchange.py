@@ -2,8 +2,9 @@
 between the caller's buffer and the server's mapped arena.
 
 Read: LEASE -> copy out of the mapping (hashing as it goes) -> RELEASE without a reply, so the
-release costs a send, not a round trip. Write: ALLOC -> copy in (hashing) -> COMMIT, whose reply
-says whether the server's own hash of the arena bytes matched ours. Batches lease, allocate and
+release costs a send, not a round trip. Write: ALLOC -> copy in (hashing), announcing each chunk
+with a no-reply in-place WRITE so the server hashes it meanwhile -> COMMIT, whose reply says
+whether the server's own hash of the arena bytes matched ours. Batches lease, allocate and
 commit with one request per server; their copies are separate steps so that the client can run
 them on its IO threads in parallel.
 """
@@ -14,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gcache.frame import (FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys,
-                          raise_for_status)
+from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
+                          encode_keys, raise_for_status)
 from gcache.keys import checksum_stream
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
 from gcache.transport.cuda import cuda_nbytes, is_cuda_tensor, read_into_cuda, write_from_cuda
 from gcache.sdk.routes import Link
-from gcache.transport.shm import ArenaMapping
+from gcache.transport.shm import COPY_CHUNK, ArenaMapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +101,35 @@ def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult
 
 
 def write_value(ch: Channel, key: bytes, value: Any) -> Status:
-    """ALLOC, copy, COMMIT; returns OK, NO_SPACE or CHECKSUM_MISMATCH."""
+    """ALLOC, copy, COMMIT; returns OK, NO_SPACE or CHECKSUM_MISMATCH.
+
+    After each copied chunk an in-place WRITE notice (no reply) lets the server hash that chunk
+    while the next one is copied, so COMMIT finds its hash nearly done instead of re-reading
+    the whole value.
+    """
     assert ch.mapping is not None
     alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size_of(value)))
     raise_for_status_except_space(alloc, "ALLOC")
     if alloc.status != Status.OK:
         return alloc.status
-    digest = copy_in(ch.mapping, Extent(alloc.handle, alloc.offset, alloc.length), value)
+    if is_cuda_tensor(value):
+        digest = copy_in(ch.mapping, Extent(alloc.handle, alloc.offset, alloc.length), value)
+        _notify_written(ch, alloc.handle, 0, alloc.length)
+    else:
+        hasher = checksum_stream()
+        for start in range(0, alloc.length, COPY_CHUNK):
+            piece = value[start:start + COPY_CHUNK]
+            ch.mapping.write_from(alloc.offset + start, piece, hasher)
+            _notify_written(ch, alloc.handle, start, len(piece))
+        digest = hasher.intdigest()
     reply = ch.reply(ch.request(Op.COMMIT, handle=alloc.handle, checksum=digest))
     raise_for_status_except_space(reply, "COMMIT")
     return reply.status
+
+
+def _notify_written(ch: Channel, handle: int, offset: int, length: int) -> None:
+    ch.request(Op.WRITE, handle=handle, offset=offset, length=length,
+               flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
 
 
 def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from gcache.config import ServerConfig
 from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            TransportError)
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_NO_REPLY, GET_ENTRY, HANDLE, HEADER_SIZE,
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, FLAG_NO_REPLY, GET_ENTRY, HANDLE,
+                          HEADER_SIZE,
                           LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, decode_keys,
                           unpack_header)
 from gcache.keys import MAX_KEY_BYTES
@@ -104,6 +105,8 @@ class ConnectionHandler:
         if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size + trailer:
             raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                         f"max_value_size {self.config.max_value_size}")
+        if h.op == Op.WRITE and h.flags & FLAG_IN_PLACE and h.payload_len:
+            raise _Drop(Status.BAD_REQUEST, "an in-place WRITE carries no payload")
         if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:
             raise _Drop(Status.BAD_REQUEST, f"RELEASE of {h.count} handles carries "
                         f"{h.payload_len} bytes; needs {h.count * HANDLE.size}")
@@ -209,6 +212,9 @@ class ConnectionHandler:
         self._reply(h, Status.OK, handle=handle, length=h.length, offset=offset)
 
     def _write(self, h: Header, key: bytes) -> None:
+        if h.flags & FLAG_IN_PLACE:
+            self._written_in_place(h)
+            return
         try:
             self._recv_extent(h.handle, h.offset, h.payload_len)
         except InvalidRequest:
@@ -216,6 +222,21 @@ class ConnectionHandler:
             self._reply(h, Status.UNKNOWN_HANDLE)
             return
         self._reply(h, Status.OK)
+
+    def _written_in_place(self, h: Header) -> None:
+        """A same-host client wrote these bytes itself: hash them now, while it copies on."""
+        try:
+            view, hasher = self.tier.write_target(h.handle, h.offset, h.length)
+        except InvalidRequest:
+            status = Status.UNKNOWN_HANDLE                 # COMMIT will say so too
+        else:
+            if hasher is not None:
+                hasher.update(view)
+            view.release()
+            self.tier.write_done(h.handle)
+            status = Status.OK
+        if not h.flags & FLAG_NO_REPLY:
+            self._reply(h, status)
 
     def _commit(self, h: Header, key: bytes) -> None:
         status = self._commit_status(h.handle, h.checksum)
