@@ -1,14 +1,16 @@
 """Process configuration: one frozen dataclass per process and the one loader that fills it.
 
 Precedence, lowest to highest: field defaults < TOML file section < ``GCACHE_<SECTION>_<KEY>``
-environment variables < command-line flags. Unknown keys are errors, never ignored, so a typo in
-a config file cannot silently fall back to a default. Sizes accept strings such as ``"4GiB"``
+environment variables < command-line flags (``GCACHE_TOKEN`` sets the cluster token of any
+process, below its own ``GCACHE_<SECTION>_TOKEN``). Unknown keys are errors, never ignored, so a
+typo in a config file cannot silently fall back to a default. Sizes accept strings such as ``"4GiB"``
 (``parse_size`` is the only parser of them). Only ``load_config`` reads ``os.environ``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -67,6 +69,7 @@ class ServerConfig:
     metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
     unix_socket: str = ""                   # same-host socket path; "" is /tmp/<shm_name>.sock,
                                             # "off" disables the shared-memory transport
+    token: str | None = None                # cluster token; without one, loopback only
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -83,6 +86,13 @@ class ServerConfig:
         _check("metrics_listen", self.metrics_listen,
                self.metrics_listen == "" or _is_address(self.metrics_listen),
                "must be HOST:PORT or empty")
+        _check("token", "***", self.token is None or len(self.token) >= 16,
+               "must be at least 16 characters")
+        if self.token is None:
+            for key, address in (("listen", self.listen), ("metrics_listen", self.metrics_listen)):
+                _check(key, address, address == "" or _is_loopback(address),
+                       "is not a loopback address; without a cluster token (--token, "
+                       "GCACHE_TOKEN or the config file) a server listens on loopback only")
 
     @property
     def port(self) -> int:
@@ -101,7 +111,7 @@ class ClientConfig:
     group_width: int = 2                    # servers one placement group is striped over
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
     verify_checksum: bool = True            # check xxh3_64 of every value read
-    token: str | None = None                # cluster token; refused until auth lands (issue 4)
+    token: str | None = None                # cluster token, when the servers require one
     transport: str = "auto"                 # "auto": shm for same-host servers, else tcp
     vnodes: int = 64                        # virtual nodes per server on the ring
 
@@ -121,6 +131,16 @@ class ClientConfig:
         _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("transport", self.transport, self.transport in ("auto", "tcp", "shm"),
                "must be one of auto, tcp, shm")
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_address(text: str) -> bool:
@@ -178,7 +198,10 @@ def load_config(cls: type[C], section: str, *, path: str | None = None,
                 raise ConfigError(f"[{section}].{name}", raw, f"unknown key; known: {sorted(known)}")
             values[name] = _coerce(cls, name, raw)
     prefix = f"GCACHE_{section.upper()}_"
-    for var, raw in (os.environ if env is None else env).items():
+    environment = os.environ if env is None else env
+    if "token" in known and "GCACHE_TOKEN" in environment:
+        values["token"] = environment["GCACHE_TOKEN"]      # one token for every daemon
+    for var, raw in environment.items():
         if var.startswith(prefix):
             name = var[len(prefix):].lower()
             if name not in known:

@@ -10,7 +10,8 @@
     │   └── IOTimeout
     ├── ServerError            the server answered with a failure status (.status)
     │   ├── NoSpace
-    │   └── ChecksumMismatch
+    │   ├── ChecksumMismatch
+    │   └── AuthFailed         missing or wrong cluster token
     └── MasterError
         ├── NotLeader (.leader)
         └── Unavailable
@@ -81,6 +82,13 @@ class ChecksumMismatch(ServerError):
 
     def __init__(self, message: str = "") -> None:
         super().__init__("CHECKSUM_MISMATCH", message)
+
+
+class AuthFailed(ServerError):
+    """The server refused the data-plane handshake: no token, or the wrong one."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__("AUTH_FAILED", message)
 
 
 class MasterError(GCacheError):

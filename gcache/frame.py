@@ -10,11 +10,13 @@ so a hostile header costs the server 56 bytes, never an allocation.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
+from gcache.errors import (AuthFailed, ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            ServerError)
 from gcache.keys import MAX_KEY_BYTES
 
@@ -49,6 +51,7 @@ class Op(enum.IntEnum):
     BATCH_PUT = 13   # entry table, keys, values -> count status bytes
     HELLO = 14       # -> JSON server facts; on a Unix socket also the arena's descriptor
     BATCH_LEASE = 15 # count keys -> lease table (status, handle, offset, length, checksum)
+    AUTH = 16        # payload HMAC-SHA256(token, nonce || AUTH_CONTEXT) -> as HELLO's reply
 
 
 class Status(enum.IntEnum):
@@ -60,6 +63,8 @@ class Status(enum.IntEnum):
     TOO_LARGE = 5
     UNKNOWN_HANDLE = 6
     INTERNAL = 7
+    AUTH_REQUIRED = 8   # HELLO reply: payload is the nonce to answer with AUTH
+    AUTH_FAILED = 9     # wrong token; the connection is closed
 
 
 class Header(NamedTuple):
@@ -108,6 +113,14 @@ def unpack_header(data: bytes | bytearray | memoryview, *, max_payload: int) -> 
     return header
 
 
+AUTH_CONTEXT = b"gcache-data-plane-v1"
+
+
+def auth_proof(token: str, nonce: bytes) -> bytes:
+    """The AUTH payload: proves knowledge of the cluster token without sending it."""
+    return hmac.new(token.encode(), nonce + AUTH_CONTEXT, hashlib.sha256).digest()
+
+
 # ---- batch payloads -------------------------------------------------------------------------
 
 _KEY_LEN = struct.Struct("<H")
@@ -151,6 +164,8 @@ def raise_for_status(header: Header, context: str) -> None:
         raise NoSpace(context)
     if status == Status.CHECKSUM_MISMATCH:
         raise ChecksumMismatch(context)
+    if status in (Status.AUTH_REQUIRED, Status.AUTH_FAILED):
+        raise AuthFailed(f"{context}: server answered {status.name}; check the cluster token")
     if status in (Status.BAD_REQUEST, Status.TOO_LARGE):
         raise InvalidRequest(f"{context}: server answered {status.name}")
     raise ServerError(status.name, context)

@@ -24,7 +24,6 @@ from typing import Any
 
 from gcache.buffer import as_memoryview
 from gcache.config import ClientConfig
-from gcache.errors import ConfigError
 from gcache.frame import Status
 from gcache.keys import validate_key
 from gcache.sdk import batch, protocol, shm_exchange
@@ -60,10 +59,6 @@ class Client:
         self.config = cfg = ClientConfig(**fields)
         if not cfg.servers:
             raise ValueError("servers is empty; give at least one 'HOST:PORT'")
-        if cfg.token is not None:
-            # Refused rather than ignored: a caller who sets a token expects it to be checked.
-            raise ConfigError("token", "***", "cluster-token authentication is not in this "
-                              "release yet (it lands with the master issue); omit token")
         self._stats = ClientStats()
         self._d = Dispatcher(cfg, self._stats)
 

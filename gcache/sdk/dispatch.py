@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gcache.config import ClientConfig
-from gcache.errors import (ConnectFailed, ConnectionLost, IOTimeout, ProtocolError, ServerError,
+from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError, ServerError,
                            TransportError)
 from gcache.ring import Ring
 from gcache.sdk.metrics import ClientStats
@@ -38,6 +38,8 @@ MISS = Miss()
 
 
 def _reason(exc: Exception) -> str:
+    if isinstance(exc, AuthFailed):
+        return "auth"
     if isinstance(exc, IOTimeout):
         return "timeout"
     if isinstance(exc, ConnectFailed):
@@ -55,7 +57,7 @@ class Dispatcher:
         self.stats = stats
         self.ring = Ring.uniform(config.servers, vnodes=config.vnodes)
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
-                             io_size=config.io_size)
+                             io_size=config.io_size, token=config.token)
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
                                idle_max=config.io_threads + 1)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io")
@@ -129,5 +131,6 @@ class Dispatcher:
         self.routes.forget(address)
         reason = _reason(exc)
         self.stats.miss(reason, n_keys)
-        log.warning("sdk.miss server=%s reason=%s detail=%s", address, reason, exc)
+        level = logging.ERROR if reason == "auth" else logging.WARNING   # misconfigured, not lost
+        log.log(level, "sdk.miss server=%s reason=%s detail=%s", address, reason, exc)
         return MISS

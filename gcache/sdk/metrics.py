@@ -16,7 +16,7 @@ REQUESTS = Counter("gcache_sdk_requests", "Keys requested, by operation", ["op"]
 BYTES = Counter("gcache_sdk_io_bytes", "Value bytes moved", ["direction"])
 
 MISS_REASONS = ("absent", "suspect", "unreachable", "timeout", "connection_lost", "protocol",
-                "server_error", "checksum", "no_space", "no_server")
+                "server_error", "checksum", "no_space", "no_server", "auth")
 
 
 # Label children resolved once: ``labels()`` takes a lock and a dict lookup on every call.

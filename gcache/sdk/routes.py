@@ -1,7 +1,8 @@
 """How the SDK reaches each server: TCP, or shared memory when the server is on this host.
 
-A route is decided on first contact and cached: a HELLO over TCP tells the server's host id and
-Unix socket; if the host id is ours (``transport="auto"``) or shared memory is forced
+Every new connection starts with a handshake: HELLO, answered with AUTH (an HMAC of the server's
+nonce under the cluster token) when the server asks for one. A route is decided on first contact
+and cached: the HELLO facts over TCP tell the server's host id and Unix socket; if the host id is ours (``transport="auto"``) or shared memory is forced
 (``"shm"``), the SDK connects to the Unix socket, whose HELLO hands over the arena descriptor,
 and maps the arena once per server (again only when a restarted server presents a new arena).
 A failure forgets the route, so a server that comes back is asked again.
@@ -15,8 +16,9 @@ import os
 import threading
 from dataclasses import dataclass
 
-from gcache.errors import ConnectFailed, ProtocolError
-from gcache.frame import HEADER_SIZE, Header, Op, raise_for_status, unpack_header
+from gcache.errors import AuthFailed, ConnectFailed, ProtocolError
+from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
+                          unpack_header)
 from gcache.transport.shm import ArenaMapping, connect_unix, host_id
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
@@ -39,8 +41,10 @@ class Link:
 
 
 class Routes:
-    def __init__(self, *, transport: str, timeout_s: float, io_size: int) -> None:
+    def __init__(self, *, transport: str, timeout_s: float, io_size: int,
+                 token: str | None) -> None:
         self._transport = transport
+        self._token = token
         self._timeout_s = timeout_s
         self._io_size = io_size
         self._host_id = host_id()
@@ -55,7 +59,7 @@ class Routes:
         with self._lock:
             path = self._unix_path.get(address)
         if path is None:
-            path = self._discover(address)
+            return self._discover(address)
         if not path:
             return Link(self._tcp(address), None, address)
         conn = connect_unix(path, timeout_s=self._timeout_s, io_size=self._io_size)
@@ -73,26 +77,37 @@ class Routes:
         with self._lock:
             return bool(self._unix_path.get(address))
 
-    def _tcp(self, address: str) -> StreamConnection:
-        return connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
-
-    def _discover(self, address: str) -> str:
-        conn = self._tcp(address)
+    def _tcp(self, address: str, *, facts: list[dict] | None = None) -> StreamConnection:
+        """A TCP connection past the handshake; its HELLO facts go into ``facts`` if given."""
+        conn = connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
         try:
-            facts = json.loads(bytes(_hello(conn, self._timeout_s)[0]))
-        finally:
+            payload, _ = _handshake(conn, self._timeout_s, self._token)
+        except BaseException:
             conn.close()
+            raise
+        if facts is not None:
+            facts.append(json.loads(bytes(payload)))
+        return conn
+
+    def _discover(self, address: str) -> Link:
+        """First contact: learn where the server is; a TCP link, or a shm link if local."""
+        found: list[dict] = []
+        conn = self._tcp(address, facts=found)
+        facts = found[0]
         local = facts.get("host_id") == self._host_id and bool(facts.get("unix_socket"))
         if self._transport == "shm" and not local:
+            conn.close()
             raise ConnectFailed(f"{address} is not on this host (or has no unix socket); "
                                 "transport='shm' needs a same-host server")
-        path = facts["unix_socket"] if local else ""
         with self._lock:
-            self._unix_path[address] = path
-        return path
+            self._unix_path[address] = facts["unix_socket"] if local else ""
+        if not local:
+            return Link(conn, None, address)
+        conn.close()
+        return self.connect(address)
 
     def _map_arena(self, address: str, conn: StreamConnection) -> ArenaMapping:
-        payload, fds = _hello(conn, self._timeout_s, with_fds=True)
+        payload, fds = _handshake(conn, self._timeout_s, self._token, with_fds=True)
         facts = json.loads(bytes(payload))
         if len(fds) != 1:
             for fd in fds:
@@ -109,18 +124,37 @@ class Routes:
         return mapping
 
 
-def _hello(conn: StreamConnection, timeout_s: float, *,
-           with_fds: bool = False) -> tuple[bytearray, list[int]]:
-    conn.send((Header(Op.HELLO, 1).pack(),), timeout_s=timeout_s)
+def _handshake(conn: StreamConnection, timeout_s: float, token: str | None, *,
+               with_fds: bool = False) -> tuple[bytearray, list[int]]:
+    """HELLO, and AUTH when the server asks for it; the facts payload and any descriptors.
+
+    Raises AuthFailed when the server wants a token we lack or refuses ours."""
+    reply, payload, fds = _exchange(conn, Header(Op.HELLO, 1), b"", timeout_s, with_fds)
+    if reply.status == Status.AUTH_REQUIRED:
+        if token is None:
+            raise AuthFailed(f"{conn.peer} requires a cluster token and this client has none")
+        proof = auth_proof(token, bytes(payload))
+        request = Header(Op.AUTH, 2, payload_len=len(proof))
+        reply, payload, fds = _exchange(conn, request, proof, timeout_s, with_fds)
+    if reply.status == Status.AUTH_FAILED:
+        raise AuthFailed(f"{conn.peer} refused this client's cluster token")
+    raise_for_status(reply, "HELLO")
+    return payload, fds
+
+
+def _exchange(conn: StreamConnection, request: Header, payload: bytes, timeout_s: float,
+              with_fds: bool) -> tuple[Header, bytearray, list[int]]:
+    conn.send((request.pack(), payload), timeout_s=timeout_s)
     if with_fds:
         raw, fds = conn.recv_fds(HEADER_SIZE, timeout_s=timeout_s)
     else:
         raw, fds = conn.recv_exact(HEADER_SIZE, timeout_s=timeout_s), []
     reply = unpack_header(raw, max_payload=1 << 20)
-    raise_for_status(reply, "HELLO")
-    if reply.op != Op.HELLO:
-        raise ProtocolError(f"HELLO answered with {reply.op.name}")
-    return conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds
+    if reply.op != request.op or reply.request_id != request.request_id:
+        for fd in fds:
+            _close(fd)
+        raise ProtocolError(f"{request.op.name} answered with {reply.op.name}")
+    return reply, conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds
 
 
 def _close(fd: int) -> None:

@@ -1,6 +1,9 @@
 """Serving one client connection: read a frame, act on the hot tier, send one reply.
 
-The stream stays in sync or the connection is dropped: a request whose payload cannot be
+With a cluster token set, a connection must answer HELLO's nonce with AUTH (an HMAC of it)
+before any other request; the arena's descriptor is only ever sent in the reply to a successful
+AUTH (or to HELLO when the server has no token). The stream stays in sync or the connection is
+dropped: a request whose payload cannot be
 consumed safely (a bad header, a payload larger than the limits) gets an error reply and the
 connection is closed; a request that is well-framed but wrong (unknown handle, no space) gets an
 error reply and the connection lives on. Whatever a connection leaves behind when it goes —
@@ -10,8 +13,10 @@ disconnects halfway through a write leaves nothing visible and pins nothing.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
 from collections.abc import Callable
 
 from gcache.config import ServerConfig
@@ -19,8 +24,8 @@ from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolEr
                            TransportError)
 from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, FLAG_NO_REPLY, GET_ENTRY, HANDLE,
                           HEADER_SIZE,
-                          LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, decode_keys,
-                          unpack_header)
+                          LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, auth_proof,
+                          decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.tier import HotTier
 from gcache.transport.stream import StreamConnection
@@ -29,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _KEYED = {Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE}
 _NO_PAYLOAD = {Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.DELETE, Op.STAT, Op.HELLO}
+_AUTH_PROOF_BYTES = 32
 _KEY_LIST_MAX = 2 + MAX_KEY_BYTES
 
 
@@ -50,6 +56,8 @@ class ConnectionHandler:
         self._is_stopping = is_stopping
         self._hello = json.dumps(hello).encode()
         self._arena_fd = arena_fd           # set on Unix connections: HELLO passes the arena
+        self._nonce = os.urandom(16)
+        self._authenticated = config.token is None
         self.tier = tier
         self.config = config
         self.io_timeout_s = max(10.0, config.lease_ttl_s)
@@ -63,7 +71,7 @@ class ConnectionHandler:
             Op.COMMIT: self._commit, Op.LEASE: self._lease, Op.READ: self._read,
             Op.RELEASE: self._release, Op.EXISTS: self._exists, Op.DELETE: self._delete,
             Op.STAT: self._stat, Op.BATCH_GET: self._batch_get, Op.BATCH_PUT: self._batch_put,
-            Op.HELLO: self._hello_reply, Op.BATCH_LEASE: self._batch_lease,
+            Op.HELLO: self._hello_reply, Op.BATCH_LEASE: self._batch_lease, Op.AUTH: self._auth,
         }
 
     def serve(self) -> None:
@@ -82,6 +90,8 @@ class ConnectionHandler:
                 try:
                     header = unpack_header(raw, max_payload=self._max_payload)
                     self._check_shape(header)
+                    if not self._authenticated and header.op not in (Op.HELLO, Op.AUTH):
+                        raise _Drop(Status.AUTH_REQUIRED, f"{header.op.name} before AUTH")
                     key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s))
                     self._dispatch[header.op](header, key)
                 except (ProtocolError, _Drop) as exc:
@@ -105,6 +115,9 @@ class ConnectionHandler:
         if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size + trailer:
             raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                         f"max_value_size {self.config.max_value_size}")
+        if h.op == Op.AUTH and h.payload_len != _AUTH_PROOF_BYTES:
+            raise _Drop(Status.BAD_REQUEST, f"AUTH carries {h.payload_len} bytes; the proof is "
+                        f"{_AUTH_PROOF_BYTES}")
         if h.op == Op.WRITE and h.flags & FLAG_IN_PLACE and h.payload_len:
             raise _Drop(Status.BAD_REQUEST, "an in-place WRITE carries no payload")
         if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:
@@ -333,12 +346,25 @@ class ConnectionHandler:
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
 
     def _hello_reply(self, h: Header, key: bytes) -> None:
+        """Server facts (and, on a Unix socket, the arena) — or, before AUTH, a nonce."""
+        if not self._authenticated:
+            self._reply(h, Status.AUTH_REQUIRED, payload=(self._nonce,))
+            return
         reply = Header(h.op, h.request_id, Status.OK, payload_len=len(self._hello))
         if self._arena_fd is None:
             self.conn.send((reply.pack(), self._hello), timeout_s=self.io_timeout_s)
         else:
             self.conn.send_fds((reply.pack(), self._hello), [self._arena_fd],
                                timeout_s=self.io_timeout_s)
+
+    def _auth(self, h: Header, key: bytes) -> None:
+        proof = bytes(self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s))
+        token = self.config.token
+        if token is not None and not hmac.compare_digest(proof, auth_proof(token, self._nonce)):
+            log.warning("conn.auth_failed peer=%s", self.conn.peer)
+            raise _Drop(Status.AUTH_FAILED, "wrong cluster token")
+        self._authenticated = True
+        self._hello_reply(h, key)
 
     def _batch_lease(self, h: Header, key: bytes) -> None:
         table = bytearray()

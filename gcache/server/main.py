@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
     parser.add_argument("--unix-socket", dest="unix_socket",
                         help="same-host socket path, or 'off' (default /tmp/<shm-name>.sock)")
+    parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN or the config "
+                        "file: flags show in ps)")
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
     parser.add_argument("--no-prefault", dest="prefault", action="store_const", const=False,
                         help="do not touch arena pages at start")

@@ -54,8 +54,3 @@ def test_client_construction_rules():
         Client(["nonsense"])
     with pytest.raises(TypeError, match="unknown Client arguments"):
         Client(["127.0.0.1:1"], timeout=3)
-
-
-def test_a_token_is_refused_until_authentication_exists():
-    with pytest.raises(ValueError, match="token.*not in this release"):
-        Client(["127.0.0.1:1"], token="secret")
