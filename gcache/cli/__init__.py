@@ -42,8 +42,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace):
+    from gcache.config import ClientConfig, load_config
     from gcache.sdk import Client
-    return Client(args.servers.split(","), timeout_s=args.timeout)
+
+    flags = {"servers": args.servers, "timeout_s": args.timeout, "token": args.token}
+    return Client(config=load_config(ClientConfig, "client", path=args.config, flags=flags))
 
 
 def _stat(args: argparse.Namespace) -> int:
@@ -86,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                                ("put", _put, "store a file (or - for stdin) under KEY"),
                                ("get", _get, "write KEY's value to stdout")):
         cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("--servers", required=True, help="HOST:PORT[,HOST:PORT...]")
-        cmd.add_argument("--timeout", type=float, default=1.0)
+        cmd.add_argument("--servers", help="HOST:PORT[,HOST:PORT...] (or GCACHE_CLIENT_SERVERS)")
+        cmd.add_argument("--timeout", type=float, help="IO timeout in seconds")
+        cmd.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN: flags show in ps)")
+        cmd.add_argument("--config", help="TOML file with a [client] section")
         if name in ("put", "get"):
             cmd.add_argument("key")
         if name == "put":

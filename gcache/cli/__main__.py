@@ -1,0 +1,5 @@
+import sys
+
+from gcache.cli import main
+
+sys.exit(main())
