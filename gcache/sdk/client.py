@@ -27,7 +27,7 @@ from gcache.config import ClientConfig
 from gcache.frame import Status
 from gcache.keys import validate_key
 from gcache.sdk import batch, protocol, shm_exchange
-from gcache.sdk.dispatch import MISS, Dispatcher, Miss
+from gcache.sdk.dispatch import MISS, Dispatcher
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel, ReadResult

@@ -21,7 +21,7 @@ import numpy as np
 
 from gcache.errors import ConnectFailed, ConnectionLost
 from gcache.keys import Hasher
-from gcache.transport.stream import StreamConnection
+from gcache.transport.stream import StreamConnection, accept_socket
 
 # Copies go in 1 MiB pieces: below that glibc's memcpy leaves its non-temporal path and a 4 MiB
 # copy drops from ~19 to ~7 GB/s here. Each piece is hashed from its source just before it is
@@ -63,15 +63,10 @@ class UnixListener:
         self._sock.listen(512)
 
     def accept(self, *, timeout_s: float) -> StreamConnection | None:
-        self._sock.settimeout(timeout_s)
-        try:
-            sock, _ = self._sock.accept()
-        except socket.timeout:
+        accepted = accept_socket(self._sock, timeout_s=timeout_s, name=self.path)
+        if accepted is None:
             return None
-        except OSError as exc:
-            raise ConnectionLost(f"accept on {self.path} failed: {exc}") from exc
-        sock.settimeout(None)
-        return StreamConnection(sock, f"unix:{self.path}", io_size=self.io_size)
+        return StreamConnection(accepted[0], f"unix:{self.path}", io_size=self.io_size)
 
     def close(self) -> None:
         self._sock.close()

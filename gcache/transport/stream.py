@@ -196,3 +196,18 @@ def _close_fd(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def accept_socket(listener: socket.socket, *, timeout_s: float,
+                  name: str) -> tuple[socket.socket, object] | None:
+    """The next accepted socket (blocking, for StreamConnection) and its peer address, or None
+    after ``timeout_s`` so an accept loop can check for stop. Raises ConnectionLost."""
+    listener.settimeout(timeout_s)
+    try:
+        sock, peer = listener.accept()
+    except socket.timeout:
+        return None
+    except OSError as exc:
+        raise ConnectionLost(f"accept on {name} failed: {exc}") from exc
+    sock.settimeout(None)
+    return sock, peer

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import socket
 
-from gcache.errors import ConnectFailed, ConnectionLost
-from gcache.transport.stream import StreamConnection
+from gcache.errors import ConnectFailed
+from gcache.transport.stream import StreamConnection, accept_socket
 
 SOCKET_BUFFER_BYTES = 4 << 20
 
@@ -60,14 +60,10 @@ class TcpListener:
 
     def accept(self, *, timeout_s: float) -> StreamConnection | None:
         """The next connection, or None after ``timeout_s`` (so the caller can check for stop)."""
-        self._sock.settimeout(timeout_s)
-        try:
-            sock, peer = self._sock.accept()
-        except socket.timeout:
+        accepted = accept_socket(self._sock, timeout_s=timeout_s, name=self.address)
+        if accepted is None:
             return None
-        except OSError as exc:
-            raise ConnectionLost(f"accept on {self.address} failed: {exc}") from exc
-        sock.settimeout(None)
+        sock, peer = accepted
         _tune(sock)
         return StreamConnection(sock, f"{peer[0]}:{peer[1]}", io_size=self.io_size)
 
