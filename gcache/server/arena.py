@@ -10,10 +10,14 @@ Invariants:
   allocation that is simply "a free segment, else the oldest unpinned one".
 - A pinned span (a lease or a write in flight) is never evicted or reused.
 
-The file lives in /dev/shm so that a later issue can re-attach to it after a crash; records are
-therefore self-describing (``RECORD``) and a value becomes valid only when its state is flipped
-to COMMITTED after its checksum was checked. Pages are touched at start (``prefault``): first
-touches cost about 10x a warm copy on these machines and must not land on the hot path.
+The file lives in /dev/shm and outlives the process, so a restarted server re-attaches to it
+(``recovery`` rebuilds the index). For that the arena is self-describing: every claimed span
+starts with a ``SEGMENT`` header carrying the record sequence number at its claim, and every
+record (``RECORD``) carries its own sequence number, which is always larger. Bytes left over from
+a span's previous use therefore have smaller numbers and are never mistaken for records. A value
+becomes valid only when its state is flipped to COMMITTED after its checksum was checked; a
+delete appends a TOMBSTONE. Pages are touched at start (``prefault``): first touches cost about
+10x a warm copy on these machines and must not land on the hot path.
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from gcache.errors import ConfigError, NoSpace
 
 RECORD = struct.Struct("<IBBHQQQ")   # magic, state, reserved, key_len, length, checksum, seq
 RECORD_MAGIC = 0x4A424F47            # b"GOBJ"
-STATE_PENDING, STATE_COMMITTED = 1, 2
+STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
+SEGMENT = struct.Struct("<IIQQ")     # magic, span, claim record seq, age
+SEGMENT_MAGIC = 0x47455347           # b"GSEG"
+SEGMENT_HEADER_BYTES = 64
 ALIGN = 64
 PAGE = 4096
 
@@ -77,10 +84,13 @@ class Arena:
         self.segment_size = segment_size
         self.size_bytes = count * segment_size
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena
         except OSError as exc:
             raise ConfigError("shm_name", name, f"cannot create {self.path}: {exc}") from exc
         try:
+            if not self.attached:
+                os.ftruncate(fd, 0)                  # another size: start empty
             os.ftruncate(fd, self.size_bytes)
             self._mmap = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED,
                                    mmap.PROT_READ | mmap.PROT_WRITE)
@@ -94,7 +104,8 @@ class Arena:
             self._prefault()
         self.segments = [Segment(i) for i in range(count)]
         self._open: Segment | None = None
-        self._next_seq = 0
+        self._next_seq = 0                # span ages
+        self._next_record_seq = 1         # record sequence numbers (see the module docstring)
         self._on_evict = on_evict
 
     def _prefault(self) -> None:
@@ -105,7 +116,11 @@ class Arena:
                 return
             except OSError:
                 pass       # kernels before 5.14: touch one byte per page instead
-        np.frombuffer(self._mmap, dtype=np.uint8)[::PAGE] = 0
+        pages = np.frombuffer(self._mmap, dtype=np.uint8)[::PAGE]
+        if self.attached:
+            int(pages.sum())           # read-touch: the arena holds a previous life's data
+        else:
+            pages[:] = 0
 
     # ---- allocation -------------------------------------------------------------------------
 
@@ -122,7 +137,7 @@ class Arena:
             head.fill += n_bytes
             return head, offset
         self._open = None
-        span = -(-n_bytes // self.segment_size)
+        span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
         start = self._choose_window(span)
         if start is None:
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
@@ -131,13 +146,32 @@ class Arena:
             if self.segments[index].head >= 0:
                 self._evict_span(self.segments[self.segments[index].head])
         head = self.segments[start]
-        head.seq, head.fill, head.span, head.pins = self._next_seq, n_bytes, span, 0
+        head.seq, head.span, head.pins = self._next_seq, span, 0
+        head.fill = SEGMENT_HEADER_BYTES + n_bytes
         self._next_seq += 1
         for index in range(start, start + span):
             self.segments[index].head = start
+        SEGMENT.pack_into(self.view, start * self.segment_size, SEGMENT_MAGIC, span,
+                          self._next_record_seq, head.seq)
         if span == 1:
             self._open = head
-        return head, start * self.segment_size
+        return head, start * self.segment_size + SEGMENT_HEADER_BYTES
+
+    def next_record_seq(self) -> int:
+        seq = self._next_record_seq
+        self._next_record_seq += 1
+        return seq
+
+    def restore(self, heads: list[tuple[int, int, int, int, list[bytes]]],
+                max_record_seq: int) -> None:
+        """Adopt spans found by recovery: (start, span, age, fill, keys) each; none is open."""
+        for start, span, age, fill, keys in heads:
+            head = self.segments[start]
+            head.seq, head.span, head.fill, head.pins, head.keys = age, span, fill, 0, keys
+            for index in range(start, start + span):
+                self.segments[index].head = start
+            self._next_seq = max(self._next_seq, age + 1)
+        self._next_record_seq = max(self._next_record_seq, max_record_seq + 1)
 
     def _choose_window(self, span: int) -> int | None:
         """Start of the window whose newest occupied member is oldest; free segments age -1."""

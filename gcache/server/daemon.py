@@ -118,4 +118,4 @@ class DataServer:
         deadline = time.monotonic() + join_s
         for thread in [t for _, t in conns] + self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self.tier.close(unlink=True)
+        self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches

@@ -18,16 +18,20 @@ will demote records to disk instead of dropping them.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from gcache.errors import ChecksumMismatch, InvalidRequest
+from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
-from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, Arena, Segment, record_size,
-                                 value_offset)
+from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE, Arena, Segment,
+                                 record_size, value_offset)
+from gcache.server.recovery import scan
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -60,6 +64,7 @@ class TierCounters:
     evicted_objects: int = 0
     evicted_segments: int = 0
     expired_pins: int = 0
+    recovered_objects: int = 0
 
 
 class HotTier:
@@ -69,11 +74,25 @@ class HotTier:
         self._index: dict[bytes, Entry] = {}
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
-        self._seq = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
         self.counters = TierCounters()
         self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
                            prefault=prefault, on_evict=self._evicted)
+        if self.arena.attached:
+            self._recover()
+
+    def _recover(self) -> None:
+        found = scan(self.arena)
+        self.arena.restore(found.spans, found.max_seq)
+        for key, value in found.values.items():
+            head = self.arena.segments[value.head]
+            self._index[key] = Entry(key, value.record, value.value, value.length,
+                                     value.checksum, head)
+        self.counters.recovered_objects = len(found.values)
+        self.counters.checksum_failures += found.dropped_corrupt
+        log.info("tier.recovered objects=%d spans=%d corrupt=%d uncommitted=%d",
+                 len(found.values), len(found.spans), found.dropped_corrupt,
+                 found.dropped_pending)
 
     # ---- writes -----------------------------------------------------------------------------
 
@@ -90,7 +109,7 @@ class HotTier:
             head, record = self.arena.allocate(record_size(len(key), length))
             entry = Entry(key, record, value_offset(record, len(key)), length, 0, head)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
-                                           checksum=0, seq=next(self._seq))
+                                           checksum=0, seq=self.arena.next_record_seq())
             head.keys.append(key)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
@@ -148,7 +167,7 @@ class HotTier:
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
-                                           seq=next(self._seq))
+                                           seq=self.arena.next_record_seq())
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._index[entry.key] = entry
             self.counters.puts += 1
@@ -196,11 +215,20 @@ class HotTier:
             return key in self._index
 
     def delete(self, key: bytes) -> bool:
+        """Forget ``key``; a TOMBSTONE record keeps it forgotten across a restart."""
         with self._lock:
             entry = self._index.pop(key, None)
             if entry is None:
                 return False
             self.counters.deletes += 1
+            try:
+                head, record = self.arena.allocate(record_size(len(key), 0))
+            except NoSpace:
+                log.warning("tier.tombstone_lost reason=no_space")   # only a restart can tell
+                return True
+            self.arena.write_record_header(record, state=STATE_TOMBSTONE, key=key, length=0,
+                                           checksum=0, seq=self.arena.next_record_seq())
+            head.keys.append(key)
             return True
 
     # ---- upkeep -----------------------------------------------------------------------------

@@ -18,15 +18,18 @@ def run_server(*args: str, timeout_s: float = 20) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_sigterm_shuts_down_cleanly_and_removes_the_arena(cluster_factory):
+def test_sigterm_shuts_down_cleanly_and_keeps_the_arena_for_a_restart(cluster_factory):
     cluster = cluster_factory(1, memory="64MiB")
     server = cluster.servers[0]
-    assert os.path.exists(f"/dev/shm/{server.shm_name}")
     with Client(cluster.addresses) as client:
         assert client.put("k", b"v")
         assert cluster.terminate(0) == 0
-    assert not os.path.exists(f"/dev/shm/{server.shm_name}")
+    assert os.path.exists(f"/dev/shm/{server.shm_name}")
+    assert not os.path.exists(f"/tmp/{server.shm_name}.sock")
     assert "server.stopped" in cluster.tail(server)
+    cluster.restart(0)
+    with Client(cluster.addresses) as client:
+        assert client.get("k") == b"v"
 
 
 def test_bad_flags_are_clear_errors_at_start():
