@@ -53,12 +53,12 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
               for i, extent in zip(idx, extents) if extent is not None]
     digests = d.parallel([lambda link=link, i=i, e=e: shm_exchange.copy_in(link.mapping, e, values[i])
                           for link, i, e in copies])
-    digest_of = {(id(link), i): digest for (link, i, _), digest in zip(copies, digests)}
+    digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
     def commit(link: Link, idx: list[int], extents: list[Extent | None]) -> None:
         todo = [(i, e) for i, e in zip(idx, extents) if e is not None]
         statuses = d.run(link, lambda ch: shm_exchange.commit_many(
-            ch, [e.handle for _, e in todo], [digest_of[(id(link), i)] for i, _ in todo]),
+            ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]),
             len(todo))
         by_key = dict.fromkeys(idx, Status.NO_SPACE)
         if not isinstance(statuses, Miss):
@@ -91,9 +91,11 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            targets = None if outs is None else [outs[i] for i in idx]
-            for i in idx if outs is not None else ():
-                shm_exchange.needs_shm_link(link, outs[i], f"outs[{i}]")
+            targets = None
+            if outs is not None:
+                targets = [outs[i] for i in idx]
+                for i in idx:
+                    shm_exchange.needs_shm_link(link, outs[i], f"outs[{i}]")
             found = d.run(link, lambda ch: protocol.batch_read_values(
                 ch, [keys[i] for i in idx], targets, verify=verify), len(idx))
             if not isinstance(found, Miss):
