@@ -4,9 +4,15 @@ import time
 
 from gcache import Client
 from gcache.ring import Ring
-from tests.helpers import sdk_metric
+from tests.helpers import sdk_metric, wait_until
 
 TIMEOUT_S = 0.2
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state in /proc/PID/stat (T once a SIGSTOP has taken effect)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
 
 
 def keys_owned_by(address: str, servers: list[str], n: int) -> list[str]:
@@ -57,6 +63,7 @@ def test_a_stopped_server_costs_one_timeout_then_fast_misses(cluster_factory):
         assert client.put("frozen", b"v")
         os.kill(pid, signal.SIGSTOP)                 # alive but silent: only a timeout finds it
         try:
+            wait_until(lambda: process_state(pid) == "T", timeout_s=5)   # delivery is async
             start = time.monotonic()
             assert client.get("frozen") is None
             assert time.monotonic() - start < 2 * TIMEOUT_S
