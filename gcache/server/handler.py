@@ -27,24 +27,11 @@ from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, FLAG_NO_REPLY, GE
                           LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, auth_proof,
                           decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
+from gcache.server.request_rules import Refused, check_request
 from gcache.server.tier import HotTier
 from gcache.transport.stream import StreamConnection
 
 log = logging.getLogger(__name__)
-
-_KEYED = {Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE}
-_NO_PAYLOAD = {Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.DELETE, Op.STAT, Op.HELLO}
-_AUTH_PROOF_BYTES = 32
-_KEY_LIST_MAX = 2 + MAX_KEY_BYTES
-
-
-class _Drop(Exception):
-    """Reply with ``status`` and close: the stream can no longer be trusted."""
-
-    def __init__(self, status: Status, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
 
 class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
@@ -89,13 +76,13 @@ class ConnectionHandler:
                 header = None
                 try:
                     header = unpack_header(raw, max_payload=self._max_payload)
-                    self._check_shape(header)
+                    check_request(header, max_value_size=self.config.max_value_size)
                     if not self._authenticated and header.op not in (Op.HELLO, Op.AUTH):
-                        raise _Drop(Status.AUTH_REQUIRED, f"{header.op.name} before AUTH")
+                        raise Refused(Status.AUTH_REQUIRED, f"{header.op.name} before AUTH")
                     key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s))
                     self._dispatch[header.op](header, key)
-                except (ProtocolError, _Drop) as exc:
-                    status = exc.status if isinstance(exc, _Drop) else Status.BAD_REQUEST
+                except (ProtocolError, Refused) as exc:
+                    status = exc.status if isinstance(exc, Refused) else Status.BAD_REQUEST
                     log.warning("conn.drop peer=%s reason=%s", self.conn.peer, exc)
                     self._reply(header, status, fatal=True)
                     return
@@ -105,27 +92,6 @@ class ConnectionHandler:
             log.exception("conn.crash peer=%s", self.conn.peer)
         finally:
             self._cleanup()
-
-    def _check_shape(self, h: Header) -> None:
-        if h.op in _KEYED and h.key_len == 0:
-            raise _Drop(Status.BAD_REQUEST, f"{h.op.name} needs a key of 1..{MAX_KEY_BYTES} bytes")
-        if h.op in _NO_PAYLOAD and h.payload_len:
-            raise _Drop(Status.BAD_REQUEST, f"{h.op.name} carries no payload, got {h.payload_len}")
-        trailer = TRAILER.size if h.op == Op.PUT and h.flags & FLAG_CHECKSUM_TRAILS else 0
-        if h.op in (Op.PUT, Op.WRITE) and h.payload_len > self.config.max_value_size + trailer:
-            raise _Drop(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
-                        f"max_value_size {self.config.max_value_size}")
-        if h.op == Op.AUTH and h.payload_len != _AUTH_PROOF_BYTES:
-            raise _Drop(Status.BAD_REQUEST, f"AUTH carries {h.payload_len} bytes; the proof is "
-                        f"{_AUTH_PROOF_BYTES}")
-        if h.op == Op.WRITE and h.flags & FLAG_IN_PLACE and h.payload_len:
-            raise _Drop(Status.BAD_REQUEST, "an in-place WRITE carries no payload")
-        if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:
-            raise _Drop(Status.BAD_REQUEST, f"RELEASE of {h.count} handles carries "
-                        f"{h.payload_len} bytes; needs {h.count * HANDLE.size}")
-        if h.op in (Op.EXISTS, Op.BATCH_GET, Op.BATCH_LEASE) and \
-                h.payload_len > h.count * _KEY_LIST_MAX:
-            raise _Drop(Status.BAD_REQUEST, f"{h.count} keys cannot take {h.payload_len} bytes")
 
     # ---- replies ------------------------------------------------------------------------------
 
@@ -194,7 +160,7 @@ class ConnectionHandler:
             self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
             return
         if h.payload_len <= TRAILER.size:
-            raise _Drop(Status.BAD_REQUEST, f"PUT with a trailing checksum carries "
+            raise Refused(Status.BAD_REQUEST, f"PUT with a trailing checksum carries "
                         f"{h.payload_len} bytes; needs a value and {TRAILER.size} more")
         self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None))
 
@@ -329,14 +295,14 @@ class ConnectionHandler:
     def _batch_put(self, h: Header, key: bytes) -> None:
         table_len = h.count * PUT_ENTRY.size
         if table_len > h.payload_len:
-            raise _Drop(Status.BAD_REQUEST, f"{h.count} entries need a {table_len}-byte table")
+            raise Refused(Status.BAD_REQUEST, f"{h.count} entries need a {table_len}-byte table")
         table = self.conn.recv_exact(table_len, timeout_s=self.io_timeout_s)
         entries = [PUT_ENTRY.unpack_from(table, i * PUT_ENTRY.size) for i in range(h.count)]
         keys_len = sum(e[0] for e in entries)
         if (any(not 1 <= e[0] <= MAX_KEY_BYTES or e[1] == 0 or e[1] > self.config.max_value_size
                 for e in entries)
                 or table_len + keys_len + sum(e[1] for e in entries) != h.payload_len):
-            raise _Drop(Status.BAD_REQUEST, "BATCH_PUT table does not match its payload or limits")
+            raise Refused(Status.BAD_REQUEST, "BATCH_PUT table does not match its payload or limits")
         keys_blob = self.conn.recv_exact(keys_len, timeout_s=self.io_timeout_s)
         statuses, pos = bytearray(), 0
         for key_len, length, expected in entries:
@@ -362,7 +328,7 @@ class ConnectionHandler:
         token = self.config.token
         if token is not None and not hmac.compare_digest(proof, auth_proof(token, self._nonce)):
             log.warning("conn.auth_failed peer=%s", self.conn.peer)
-            raise _Drop(Status.AUTH_FAILED, "wrong cluster token")
+            raise Refused(Status.AUTH_FAILED, "wrong cluster token")
         self._authenticated = True
         self._hello_reply(h, key)
 
