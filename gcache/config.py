@@ -3,8 +3,8 @@
 Precedence, lowest to highest: field defaults < TOML file section < ``GCACHE_<SECTION>_<KEY>``
 environment variables < command-line flags (``GCACHE_TOKEN`` sets the cluster token of any
 process, below its own ``GCACHE_<SECTION>_TOKEN``). Unknown keys are errors, never ignored, so a
-typo in a config file cannot silently fall back to a default. Sizes accept strings such as ``"4GiB"``
-(``parse_size`` is the only parser of them). Only ``load_config`` reads ``os.environ``.
+typo in a config file cannot silently fall back to a default. Sizes accept strings such as
+``"4GiB"`` (``parse_size`` is the only parser of them). Only ``load_config`` reads ``os.environ``.
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def load_config(cls: type[C], section: str, *, path: str | None = None,
             raise ConfigError("config", path, f"must be a readable TOML file ({exc})") from exc
         for name, raw in document.get(section, {}).items():
             if name not in known:
-                raise ConfigError(f"[{section}].{name}", raw, f"unknown key; known: {sorted(known)}")
+                raise ConfigError(f"[{section}].{name}", raw,
+                                  f"unknown key; known: {sorted(known)}")
             values[name] = _coerce(cls, name, raw)
     prefix = f"GCACHE_{section.upper()}_"
     environment = os.environ if env is None else env

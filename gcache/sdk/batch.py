@@ -19,7 +19,7 @@ from gcache.keys import checksum
 from gcache.sdk import protocol, shm_exchange
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
 from gcache.sdk.outcome import put_outcome, read_outcome
-from gcache.sdk.protocol import ReadResult
+from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.routes import Link
 from gcache.sdk.shm_exchange import Extent
 
@@ -36,12 +36,13 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            for i in idx:
-                shm_exchange.needs_shm_link(link, values[i], f"values[{i}]")
-            sums = [checksum(values[i]) for i in idx]
-            statuses = d.run(link, lambda ch: protocol.batch_put(
-                ch, [keys[i] for i in idx], [values[i] for i in idx], sums), len(idx))
-            _finish_puts(d, link, idx, statuses, values, results)
+            def over_tcp(ch: Channel) -> list[Status]:
+                for i in idx:
+                    shm_exchange.needs_shm(ch, values[i], f"values[{i}]")
+                return protocol.batch_put(ch, [keys[i] for i in idx], [values[i] for i in idx],
+                                          [checksum(values[i]) for i in idx])
+
+            _finish_puts(d, link, idx, d.run(link, over_tcp, len(idx)), values, results)
             return None
         extents = d.run(link, lambda ch: shm_exchange.alloc_many(
             ch, [keys[i] for i in idx], [shm_exchange.size_of(values[i]) for i in idx]), len(idx))
@@ -51,7 +52,7 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     copies = [(link, i, extent) for link, idx, extents in held
               for i, extent in zip(idx, extents) if extent is not None]
-    digests = d.parallel([lambda link=link, i=i, e=e: shm_exchange.copy_in(link.mapping, e, values[i])
+    digests = d.parallel([lambda m=link.mapping, i=i, e=e: shm_exchange.copy_in(m, e, values[i])
                           for link, i, e in copies])
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
@@ -91,13 +92,14 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            targets = None
-            if outs is not None:
-                targets = [outs[i] for i in idx]
-                for i in idx:
-                    shm_exchange.needs_shm_link(link, outs[i], f"outs[{i}]")
-            found = d.run(link, lambda ch: protocol.batch_read_values(
-                ch, [keys[i] for i in idx], targets, verify=verify), len(idx))
+            def over_tcp(ch: Channel) -> list[ReadResult | None]:
+                targets = None if outs is None else [outs[i] for i in idx]
+                for i, target in zip(idx, targets or ()):
+                    shm_exchange.needs_shm(ch, target, f"outs[{i}]")
+                return protocol.batch_read_values(ch, [keys[i] for i in idx], targets,
+                                                  verify=verify)
+
+            found = d.run(link, over_tcp, len(idx))
             if not isinstance(found, Miss):
                 d.release(link)
                 for n, i in enumerate(idx):

@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gcache.config import ClientConfig
-from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError, ServerError,
-                           TransportError)
+from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError,
+                           ServerError, TransportError)
 from gcache.ring import Ring
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.pool import ServerPool
@@ -71,7 +71,8 @@ class Dispatcher:
     def owner(self, key: bytes, group: bytes | None) -> str | None:
         return self.ring.owner(key, group=group, group_width=self.config.group_width)
 
-    def plan(self, keys: Sequence[bytes], group: bytes | None) -> list[tuple[str | None, list[int]]]:
+    def plan(self, keys: Sequence[bytes],
+             group: bytes | None) -> list[tuple[str | None, list[int]]]:
         """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each."""
         by_server: dict[str | None, list[int]] = {}
         for i, key in enumerate(keys):

@@ -121,13 +121,17 @@ def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
     _, reply = get_length(ch, key)
     if reply.status == Status.NOT_FOUND:
         return None
-    length = reply.payload_len
+    if out is not None:
+        check_fits(len(out), reply.payload_len, "out")
+    return _recv_value(ch, out, reply.payload_len, reply.checksum, verify=verify)
+
+
+def _recv_value(ch: Channel, out: Any, length: int, stored: int, *, verify: bool) -> ReadResult:
+    """Receive a value that follows on the wire into ``out`` (or a new buffer), hashing it."""
     target = memoryview(bytearray(length)) if out is None else out
-    check_fits(len(target), length, "out")
     hasher = checksum_stream() if verify else None
     ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s, hasher=hasher)
-    ok = hasher is None or hasher.intdigest() == reply.checksum
-    return ReadResult(target, length, ok)
+    return ReadResult(target, length, hasher is None or hasher.intdigest() == stored)
 
 
 def exists(ch: Channel, keys: Sequence[bytes]) -> list[bool]:
@@ -185,10 +189,8 @@ def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | 
         if status != Status.OK:
             results.append(None)
             continue
-        target = memoryview(bytearray(length)) if outs is None else outs[n]
-        hasher = checksum_stream() if verify else None
-        ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s, hasher=hasher)
-        results.append(ReadResult(target, length, hasher is None or hasher.intdigest() == stored))
+        results.append(_recv_value(ch, None if outs is None else outs[n], length, stored,
+                                   verify=verify))
     return results
 
 

@@ -2,17 +2,16 @@
 
 Every new connection starts with a handshake: HELLO, answered with AUTH (an HMAC of the server's
 nonce under the cluster token) when the server asks for one. A route is decided on first contact
-and cached: the HELLO facts over TCP tell the server's host id and Unix socket; if the host id is ours (``transport="auto"``) or shared memory is forced
-(``"shm"``), the SDK connects to the Unix socket, whose HELLO hands over the arena descriptor,
-and maps the arena once per server (again only when a restarted server presents a new arena).
-A failure forgets the route, so a server that comes back is asked again.
+and cached: the HELLO facts over TCP tell the server's host id and Unix socket; if the host id
+is ours (``transport="auto"``) or shared memory is forced (``"shm"``), the SDK connects to the
+Unix socket, whose HELLO hands over the arena descriptor, and maps the arena once per server
+(again only when a restarted server presents a new arena). A failure forgets the route, so a
+server that comes back is asked again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import threading
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from gcache.errors import AuthFailed, ConnectFailed, ProtocolError
 from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
                           unpack_header)
 from gcache.transport.shm import ArenaMapping, connect_unix, host_id
-from gcache.transport.stream import StreamConnection
+from gcache.transport.stream import StreamConnection, close_fd
 from gcache.transport.tcp import connect
 
 
@@ -111,12 +110,12 @@ class Routes:
         facts = json.loads(bytes(payload))
         if len(fds) != 1:
             for fd in fds:
-                _close(fd)
+                close_fd(fd)
             raise ProtocolError(f"{address} sent {len(fds)} descriptors with HELLO; expected 1")
         with self._lock:
             mapping = self._mappings.get(address)
             if mapping is not None and mapping.arena_id == facts["arena_id"]:
-                _close(fds[0])
+                close_fd(fds[0])
                 return mapping
         mapping = ArenaMapping(fds[0], int(facts["arena_bytes"]), facts["arena_id"])
         with self._lock:
@@ -152,11 +151,6 @@ def _exchange(conn: StreamConnection, request: Header, payload: bytes, timeout_s
     reply = unpack_header(raw, max_payload=1 << 20)
     if reply.op != request.op or reply.request_id != request.request_id:
         for fd in fds:
-            _close(fd)
+            close_fd(fd)
         raise ProtocolError(f"{request.op.name} answered with {reply.op.name}")
     return reply, conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)

@@ -20,7 +20,6 @@ from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op,
 from gcache.keys import checksum_stream
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
 from gcache.transport.cuda import cuda_nbytes, is_cuda_tensor, read_into_cuda, write_from_cuda
-from gcache.sdk.routes import Link
 from gcache.transport.shm import COPY_CHUNK, ArenaMapping
 
 
@@ -39,14 +38,6 @@ def needs_shm(ch: Channel, buffer: Any, what: str) -> None:
     if ch.mapping is None and is_cuda_tensor(buffer):
         raise TypeError(f"{what} is a CUDA tensor; that needs a same-host server (transport "
                         f"'shm'), and {ch.conn.peer} is reached over TCP")
-
-
-def needs_shm_link(link: Link, buffer: Any, what: str) -> None:
-    """``needs_shm`` for a link not yet wrapped in a channel (batch planning)."""
-    if link.mapping is None and is_cuda_tensor(buffer):
-        link.close()
-        raise TypeError(f"{what} is a CUDA tensor; that needs a same-host server (transport "
-                        f"'shm'), and {link.address} is reached over TCP")
 
 
 def size_of(target: Any) -> int:

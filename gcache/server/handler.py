@@ -159,9 +159,6 @@ class ConnectionHandler:
         if not h.flags & FLAG_CHECKSUM_TRAILS:
             self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
             return
-        if h.payload_len <= TRAILER.size:
-            raise Refused(Status.BAD_REQUEST, f"PUT with a trailing checksum carries "
-                        f"{h.payload_len} bytes; needs a value and {TRAILER.size} more")
         self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None))
 
     def _get(self, h: Header, key: bytes) -> None:
@@ -302,7 +299,8 @@ class ConnectionHandler:
         if (any(not 1 <= e[0] <= MAX_KEY_BYTES or e[1] == 0 or e[1] > self.config.max_value_size
                 for e in entries)
                 or table_len + keys_len + sum(e[1] for e in entries) != h.payload_len):
-            raise Refused(Status.BAD_REQUEST, "BATCH_PUT table does not match its payload or limits")
+            raise Refused(Status.BAD_REQUEST,
+                          "BATCH_PUT table does not match its payload or limits")
         keys_blob = self.conn.recv_exact(keys_len, timeout_s=self.io_timeout_s)
         statuses, pos = bytearray(), 0
         for key_len, length, expected in entries:

@@ -33,6 +33,9 @@ def check_request(h: Header, *, max_value_size: int) -> None:
     if h.op in NO_PAYLOAD and h.payload_len:
         raise Refused(Status.BAD_REQUEST, f"{h.op.name} carries no payload, got {h.payload_len}")
     trailer = TRAILER.size if h.op == Op.PUT and h.flags & FLAG_CHECKSUM_TRAILS else 0
+    if trailer and h.payload_len <= trailer:
+        raise Refused(Status.BAD_REQUEST, f"PUT with a trailing checksum carries "
+                      f"{h.payload_len} bytes; needs a value and {trailer} more")
     if h.op in (Op.PUT, Op.WRITE) and h.payload_len > max_value_size + trailer:
         raise Refused(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                       f"max_value_size {max_value_size}")

@@ -181,7 +181,7 @@ class StreamConnection:
             raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
         if not data:
             for fd in fds:
-                _close_fd(fd)
+                close_fd(fd)
             raise ConnectionLost(f"{self.peer} closed the connection")
         buf = bytearray(data)
         if len(buf) < n_bytes:
@@ -191,7 +191,8 @@ class StreamConnection:
         return buf, fds
 
 
-def _close_fd(fd: int) -> None:
+def close_fd(fd: int) -> None:
+    """Close a received descriptor, ignoring one already gone."""
     try:
         os.close(fd)
     except OSError:
