@@ -1,0 +1,62 @@
+"""Where a save reads KV from and a load writes it to: token ranges of one layer.
+
+``KVStore`` addresses KV as ``(layer, start, stop)``: the tokens ``[start, stop)`` of one layer,
+token-major, ``layout.layer_bytes_per_token(layer)`` bytes per token. Engines keep KV in paged
+caches of their own shapes; a connector implements ``KVSource`` / ``KVSink`` over them and hands
+out views, so no bytes are copied on the way to or from the SDK. ``LayerArrays`` does this for
+one contiguous token-major array (numpy, a CPU torch tensor, anything with the buffer protocol)
+per layer, which is what the tests and the trace replay use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from gcache.buffer import as_memoryview
+from gcache.errors import InvalidRequest
+from gcache.kv.layout import ModelLayout
+
+
+class KVSource(Protocol):
+    def read(self, layer: int, start: int, stop: int) -> Any:
+        """The KV of tokens ``[start, stop)`` of ``layer``: a buffer of exactly
+        ``(stop - start) * layer_bytes_per_token(layer)`` bytes."""
+
+
+class KVSink(Protocol):
+    def write_target(self, layer: int, start: int, stop: int) -> Any:
+        """A writable buffer for tokens ``[start, stop)`` of ``layer``, same size rule."""
+
+
+class LayerArrays:
+    """One token-major buffer per layer; both a ``KVSource`` and a ``KVSink``."""
+
+    def __init__(self, layout: ModelLayout, arrays: Mapping[int, Any]) -> None:
+        self.layout = layout
+        self._views: dict[int, memoryview] = {}
+        for layer, array in arrays.items():
+            view = as_memoryview(array, writable=False).cast("B")
+            if len(view) % layout.layer_bytes_per_token(layer):
+                raise InvalidRequest(f"layer {layer} buffer is {len(view)} bytes; not a multiple "
+                                     f"of its {layout.layer_bytes_per_token(layer)} bytes per token")
+            self._views[layer] = view
+        self._arrays = dict(arrays)
+
+    def read(self, layer: int, start: int, stop: int) -> memoryview:
+        return self._slice(self._views, layer, start, stop)
+
+    def write_target(self, layer: int, start: int, stop: int) -> memoryview:
+        writable = {layer: as_memoryview(self._arrays[layer], writable=True).cast("B")} \
+            if layer in self._arrays else {}
+        return self._slice(writable, layer, start, stop)
+
+    def _slice(self, views: Mapping[int, memoryview], layer: int, start: int,
+               stop: int) -> memoryview:
+        if layer not in views:
+            raise InvalidRequest(f"no buffer for layer {layer}; have {sorted(self._views)}")
+        per_token = self.layout.layer_bytes_per_token(layer)
+        view = views[layer]
+        if not 0 <= start <= stop <= len(view) // per_token:
+            raise InvalidRequest(f"tokens [{start}, {stop}) of layer {layer} are outside its "
+                                 f"{len(view) // per_token} tokens")
+        return view[start * per_token:stop * per_token]

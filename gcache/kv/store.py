@@ -1,0 +1,266 @@
+"""``KVStore``: a model's KV pages in GCache, SWA-masked, matched only where the window is intact.
+
+What is stored (ARCHITECTURE §3): every *paged* layer (full attention) keeps each page as one
+object per layer; every SWA layer keeps only *window tails* — the KV of the last ``W`` tokens
+before a page boundary, one object per layer — at the boundaries the store policy picks. One
+object per (page, layer) is what lets ``load`` hand layer 0 to the engine while later layers are
+still in flight, and lets an engine that saves layer by layer put each layer as it is computed.
+
+``probe`` asks the cluster which objects exist (one batch for the pages and one SWA layer of every
+tail, one more to confirm the best tail's other layers) and applies the window-safe rule to the
+answer; ``match`` is its length in tokens. Nothing else is trusted: a page missing one layer, or a
+tail missing one layer, is missing, since servers evict objects independently.
+
+Failures follow the SDK: a dead or slow server is a miss, so a probe reports a shorter hit, a save
+reports what it could not store, and a load reports the layers that did not arrive intact
+(``LoadHandle.failed_layers``), never raising for them.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from gcache.buffer import as_memoryview
+from gcache.errors import InvalidRequest
+from gcache.kv import page_keys
+from gcache.kv.layer_buffers import KVSink, KVSource
+from gcache.kv.layout import ModelLayout
+from gcache.kv.load import LoadHandle
+from gcache.kv.policy import DEFAULT_POLICY, PressureGauge, StorePolicy, policy_from_name
+from gcache.kv.window import leading, safe_boundary, tail_span
+
+TAIL_CANDIDATES_PER_ROUND = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What the cluster holds of one token sequence's prefix."""
+
+    hashes: tuple[bytes, ...]          # chained digest of every full page
+    page_size: int
+    hit_pages: int                     # the window-safe boundary
+    shared_pages: int                  # leading pages whose every paged layer exists
+    present_keys: frozenset[str]       # keys seen to exist (pages, probed tail layers)
+    safe_tails: frozenset[int]         # boundaries whose tails were confirmed complete
+
+    @property
+    def n_pages(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.hit_pages * self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    objects_written: int
+    bytes_written: int
+    objects_failed: int                # puts a server did not take (dead, full): not stored
+    tail_boundaries: tuple[int, ...]   # where the policy asked for window tails
+
+
+class KVStore:
+    """Save, match and load one model's KV through a ``gcache.Client`` (or anything with its
+    ``batch_put`` / ``batch_exists`` / ``batch_get_into`` / ``server_stats``)."""
+
+    def __init__(self, client: Any, layout: ModelLayout, *,
+                 policy: str | StorePolicy = DEFAULT_POLICY, pressure_poll_s: float = 1.0,
+                 max_batch_keys: int = 1024, load_threads: int = 2) -> None:
+        self.client, self.layout = client, layout
+        self.policy = policy_from_name(policy)
+        if self.policy.full_layer:
+            self.paged_layers, self.tail_layers = tuple(range(layout.num_layers)), ()
+        else:
+            self.paged_layers, self.tail_layers = layout.full_layers, layout.swa_layers
+        self.root = page_keys.namespace(layout.fingerprint())
+        self.pressure_poll_s = pressure_poll_s
+        self.max_batch_keys = max_batch_keys
+        self._gauge = PressureGauge()
+        self._polled_at = -float("inf")
+        self._loader = ThreadPoolExecutor(load_threads, thread_name_prefix="gcache-kv-load")
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=True)
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- lookup ---------------------------------------------------------------------------------
+
+    def hashes(self, token_ids: Sequence[int] | np.ndarray) -> list[bytes]:
+        return page_keys.page_hashes(token_ids, self.layout.page_size, self.root)
+
+    def match(self, token_ids: Sequence[int] | np.ndarray) -> int:
+        """The window-safe hit length of ``token_ids`` in tokens (a multiple of the page size)."""
+        return self.probe(token_ids).hit_tokens
+
+    def probe(self, token_ids: Sequence[int] | np.ndarray) -> Probe:
+        hashes = self.hashes(token_ids)
+        group = page_keys.group_of(hashes)
+        n = len(hashes)
+        first_tail_layer = self.tail_layers[:1]
+        keys = [page_keys.page_key(h, layer) for h in hashes for layer in self.paged_layers]
+        keys += [page_keys.tail_key(h, layer) for h in hashes for layer in first_tail_layer]
+        present = {k for k, ok in zip(keys, self._exists(keys, group)) if ok}
+        pages = [all(page_keys.page_key(h, layer) in present for layer in self.paged_layers)
+                 for h in hashes] if self.paged_layers else None
+        shared = leading(pages) if pages is not None else 0
+        safe: set[int] = set()
+        if self.tail_layers:
+            limit = shared if pages is not None else n
+            candidates = [b for b in range(limit, 0, -1)
+                          if page_keys.tail_key(hashes[b - 1], self.tail_layers[0]) in present]
+            safe = self._confirm_tails(hashes, candidates, group, present)
+        hit = safe_boundary(n, pages, (lambda b: b in safe) if self.tail_layers else None)
+        return Probe(tuple(hashes), self.layout.page_size, hit, shared, frozenset(present),
+                     frozenset(safe))
+
+    def _confirm_tails(self, hashes: list[bytes], candidates: list[int], group: str | None,
+                       present: set[str]) -> set[int]:
+        """The first candidate boundaries (best first) whose every SWA layer exists."""
+        for start in range(0, len(candidates), TAIL_CANDIDATES_PER_ROUND):
+            round_ = candidates[start:start + TAIL_CANDIDATES_PER_ROUND]
+            keys = [page_keys.tail_key(hashes[b - 1], layer)
+                    for b in round_ for layer in self.tail_layers[1:]]
+            found = dict(zip(keys, self._exists(keys, group)))
+            present.update(k for k, ok in found.items() if ok)
+            whole = {b for b in round_ if all(found[page_keys.tail_key(hashes[b - 1], layer)]
+                                             for layer in self.tail_layers[1:])}
+            if whole:
+                return whole
+        return set()
+
+    def _exists(self, keys: list[str], group: str | None) -> list[bool]:
+        out: list[bool] = []
+        for i in range(0, len(keys), self.max_batch_keys):
+            out += self.client.batch_exists(keys[i:i + self.max_batch_keys], group=group)
+        return out
+
+    # ---- save -----------------------------------------------------------------------------------
+
+    def save(self, token_ids: Sequence[int] | np.ndarray, source: KVSource, *,
+             probe: Probe | None = None, layers: Iterable[int] | None = None) -> SaveResult:
+        """Store the full pages of ``token_ids`` and the window tails the policy picks, skipping
+        what the cluster already holds. ``layers`` limits the save to those layers (an engine
+        saving layer by layer); ``probe`` reuses a probe of the same tokens."""
+        probe = probe or self.probe(token_ids)
+        wanted = self._layers(layers)
+        tails = self.policy.tail_boundaries(probe.n_pages, shared_pages=probe.shared_pages,
+                                            hit_pages=probe.hit_pages,
+                                            under_pressure=self._under_pressure())
+        keys: list[str] = []
+        values: list[memoryview] = []
+        page = self.layout.page_size
+        for i, h in enumerate(probe.hashes):
+            for layer in self.paged_layers:
+                key = page_keys.page_key(h, layer)
+                if layer in wanted and key not in probe.present_keys:
+                    keys.append(key)
+                    values.append(self._read(source, layer, i * page, (i + 1) * page))
+        for b in tails:
+            if b in probe.safe_tails:
+                continue
+            start, stop = tail_span(b, page, self.layout.window)
+            for layer in self.tail_layers:
+                key = page_keys.tail_key(probe.hashes[b - 1], layer)
+                if layer in wanted and key not in probe.present_keys:
+                    keys.append(key)
+                    values.append(self._read(source, layer, start, stop))
+        ok = self._put(keys, values, page_keys.group_of(probe.hashes))
+        return SaveResult(objects_written=sum(ok), objects_failed=len(ok) - sum(ok),
+                          bytes_written=sum(len(v) for v, stored in zip(values, ok) if stored),
+                          tail_boundaries=tuple(tails))
+
+    def _read(self, source: KVSource, layer: int, start: int, stop: int) -> memoryview:
+        view = as_memoryview(source.read(layer, start, stop), writable=False,
+                             what=f"KV of layer {layer} tokens [{start}, {stop})")
+        expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
+        if len(view) != expected:
+            raise InvalidRequest(f"KV of layer {layer} tokens [{start}, {stop}) is {len(view)} "
+                                 f"bytes; the layout needs {expected}")
+        return view
+
+    def _put(self, keys: list[str], values: list[memoryview], group: str | None) -> list[bool]:
+        ok: list[bool] = []
+        for i in range(0, len(keys), self.max_batch_keys):
+            ok += self.client.batch_put(keys[i:i + self.max_batch_keys],
+                                        values[i:i + self.max_batch_keys], group=group)
+        return ok
+
+    def _under_pressure(self) -> bool:
+        """Whether the cluster has been evicting lately (polled at most every
+        ``pressure_poll_s``; only policies that change with pressure ask)."""
+        if not self.policy.roomy_checkpoint_pages:
+            return True
+        now = time.monotonic()
+        if now - self._polled_at >= self.pressure_poll_s:
+            self._polled_at = now
+            stats = self.client.server_stats().values()
+            self._gauge.observe(sum(s["tier"]["evicted_objects"] for s in stats if s))
+        return self._gauge.next_save()
+
+    # ---- load -----------------------------------------------------------------------------------
+
+    def load(self, token_ids: Sequence[int] | np.ndarray, hit_tokens: int, sink: KVSink, *,
+             layers: Iterable[int] | None = None, timeout_s: float | None = None) -> LoadHandle:
+        """Start fetching the first ``hit_tokens`` tokens' KV into ``sink``, layer by layer in
+        layer order; returns at once. Paged layers get every page, SWA layers the window tail
+        before ``hit_tokens``. Raises ``InvalidRequest`` for a length that is not a whole number
+        of this sequence's pages."""
+        hashes = self.hashes(token_ids)
+        page = self.layout.page_size
+        if hit_tokens % page or not 0 <= hit_tokens <= len(hashes) * page:
+            raise InvalidRequest(f"hit_tokens={hit_tokens} must be a multiple of the page size "
+                                 f"{page} within the {len(hashes) * page} tokens of full pages")
+        b = hit_tokens // page
+        plan = []
+        for layer in sorted(self._layers(layers)):
+            if layer in self.tail_layers:
+                if b == 0:
+                    continue
+                start, stop = tail_span(b, page, self.layout.window)
+                spans = [(page_keys.tail_key(hashes[b - 1], layer), start, stop)]
+            else:
+                spans = [(page_keys.page_key(hashes[i], layer), i * page, (i + 1) * page)
+                         for i in range(b)]
+            outs = [self._target(sink, layer, start, stop) for _, start, stop in spans]
+            plan.append((layer, [k for k, _, _ in spans], outs))
+        handle = LoadHandle([layer for layer, _, _ in plan], timeout_s=timeout_s)
+        group = page_keys.group_of(hashes)
+        self._loader.submit(handle.run, plan, lambda keys, outs: self._get(keys, outs, group))
+        return handle
+
+    def _target(self, sink: KVSink, layer: int, start: int, stop: int) -> memoryview:
+        view = as_memoryview(sink.write_target(layer, start, stop), writable=True,
+                             what=f"load target of layer {layer} tokens [{start}, {stop})")
+        expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
+        if len(view) != expected:
+            raise InvalidRequest(f"load target of layer {layer} tokens [{start}, {stop}) is "
+                                 f"{len(view)} bytes; the layout needs {expected}")
+        return view
+
+    def _get(self, keys: list[str], outs: list[memoryview], group: str | None) -> bool:
+        for i in range(0, len(keys), self.max_batch_keys):
+            got = self.client.batch_get_into(keys[i:i + self.max_batch_keys],
+                                             outs[i:i + self.max_batch_keys], group=group)
+            if any(n != len(out) for n, out in zip(got, outs[i:i + self.max_batch_keys])):
+                return False
+        return True
+
+    def _layers(self, layers: Iterable[int] | None) -> set[int]:
+        if layers is None:
+            return set(range(self.layout.num_layers))
+        chosen = set(layers)
+        bad = sorted(x for x in chosen if not 0 <= x < self.layout.num_layers)
+        if bad:
+            raise InvalidRequest(f"layers {bad} are outside 0..{self.layout.num_layers - 1}")
+        return chosen

@@ -1,0 +1,80 @@
+"""Mooncake-format request traces, turned into token ids.
+
+A trace line is a JSON object with ``input_length`` (tokens) and ``hash_ids`` (one id per block
+of ``block_size`` tokens; equal ids mean an equal, reusable block). Traces carry no text, so each
+block's tokens are drawn from a generator seeded by its id: equal ids give equal tokens, hence
+equal page keys, and the prefix structure of the trace is reproduced exactly. The last block of a
+request is cut to ``input_length``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from gcache.errors import ConfigError
+
+BLOCK_SIZE = 512          # tokens per hash id in the Mooncake FAST'25 traces
+VOCAB = 151_000           # token ids are drawn from [0, VOCAB)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    index: int
+    timestamp_ms: int
+    input_length: int
+    hash_ids: tuple[int, ...]
+
+
+def read_trace(path: str, *, limit: int | None = None,
+               block_size: int = BLOCK_SIZE) -> list[TraceRequest]:
+    """Requests of a Mooncake-format JSONL trace, at most ``limit``. Raises ``ConfigError``
+    naming the line for a malformed request."""
+    out: list[TraceRequest] = []
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("trace", path, f"cannot be opened: {exc.strerror}") from exc
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if line.strip():
+                out.append(_parse(line, lineno, len(out), path, block_size))
+    if not out:
+        raise ConfigError("trace", path, "holds no requests")
+    return out
+
+
+def _parse(line: str, lineno: int, index: int, path: str, block_size: int) -> TraceRequest:
+    try:
+        obj = json.loads(line)
+        length, ids = int(obj["input_length"]), tuple(int(h) for h in obj["hash_ids"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("trace", f"{path}:{lineno}",
+                          f"needs input_length and hash_ids ({exc})") from exc
+    blocks = -(-length // block_size)
+    if length < 1 or len(ids) < blocks:
+        raise ConfigError("trace", f"{path}:{lineno}", f"input_length {length} needs {blocks} "
+                          f"hash_ids of {block_size} tokens; got {len(ids)}")
+    return TraceRequest(index, int(obj.get("timestamp", 0)), length, ids[:blocks])
+
+
+def block_tokens(hash_id: int, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """The deterministic tokens of one trace block."""
+    return np.random.default_rng(hash_id).integers(0, VOCAB, block_size, dtype=np.int64)
+
+
+def request_tokens(request: TraceRequest, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """All input tokens of a request: its blocks' tokens, cut to ``input_length``."""
+    parts = [block_tokens(h, block_size) for h in request.hash_ids]
+    return np.concatenate(parts)[:request.input_length]
+
+
+def iter_tokens(requests: list[TraceRequest],
+                block_size: int = BLOCK_SIZE) -> Iterator[tuple[TraceRequest, np.ndarray]]:
+    for request in requests:
+        yield request, request_tokens(request, block_size)
