@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench redis clean
+.PHONY: run test bench replay redis clean
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -26,6 +26,12 @@ redis:
 
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
+	$(PY) bench/update_readme.py
+
+# Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.
+replay: $(STAMP)
+	$(VENV)/bin/gcache replay --cluster --out bench/results/replay-latest.json \
+	  --plot bench/results/replay-latest.png
 	$(PY) bench/update_readme.py
 
 clean:

@@ -1,7 +1,8 @@
-"""Render bench/results/dataplane-latest.json into README.md between the bench markers.
+"""Render the latest benchmark JSON into README.md between each section's markers.
 
-``make bench`` runs it after the benchmark, so the README always shows the latest measured
-figures with their date; nothing in the table is typed by hand.
+``make bench`` and ``make replay`` run it after measuring, so the README always shows the latest
+figures with their date; nothing in the tables is typed by hand. A section whose JSON is missing
+is left as it is.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-START, END = "<!-- bench:dataplane:start -->", "<!-- bench:dataplane:end -->"
 
 
-def render(report: dict) -> str:
+def render_dataplane(report: dict) -> str:
     limits, gcache = report["limits"], report["gcache"]
     lines = [
         f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
@@ -58,20 +58,76 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def render_replay(report: dict) -> str:
+    meta, rows = report["meta"], report["rows"]
+    lines = [
+        f"Measured {meta['date']} by `make replay`: `gcache replay --cluster` over "
+        f"{meta['requests']} requests of `{meta['trace']}`, layout {meta['model']} (page "
+        f"{meta['page_size']} tokens, W = {meta['window']}). Budget: a fraction of the full-layer "
+        f"working set ({meta['working_set_bytes'] / 2**40:.1f} TiB). Token hit rate counts "
+        "window-safe hits only; the default policy is marked *.",
+        "",
+    ]
+    lines += _hit_table([r for r in rows if r["source"] == "model"], with_bytes=True)
+    cluster = [r for r in rows if r["source"] == "cluster"]
+    if cluster:
+        model = {(r["policy"], r["budget_fraction"]): r["hit_rate"] for r in rows
+                 if r["source"] == "model-subset"}
+        worst = max(abs(r["hit_rate"] - model[(r["policy"], r["budget_fraction"])])
+                    for r in cluster)
+        lines += ["", f"Real cluster (2 `gcache-server`s, values scaled 1/{meta['scale']}), first "
+                  f"{cluster[0]['requests']} requests, against the in-process model on the same "
+                  f"requests (largest difference {worst * 100:.2f} points):", ""]
+        lines += _hit_table(cluster, model=model)
+    lines += ["", "![hit rate versus budget](bench/results/replay-latest.png)"]
+    return "\n".join(lines)
+
+
+def _hit_table(rows: list[dict], *, with_bytes: bool = False,
+               model: dict | None = None) -> list[str]:
+    budgets = sorted({r["budget_fraction"] for r in rows})
+    cell = {(r["policy"], r["budget_fraction"]): r for r in rows}
+    head = "| policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |"
+    head += " bytes vs full-layer |" if with_bytes else ""
+    lines = [head, "|---|" + "---:|" * (len(budgets) + with_bytes)]
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mark = " *" if cell[(policy, budgets[0])]["is_default"] else ""
+        values = []
+        for b in budgets:
+            text = f"{cell[(policy, b)]['hit_rate']:.3f}"
+            if model is not None:
+                text += f" (model {model[(policy, b)]:.3f})"
+            values.append(text)
+        line = f"| {policy}{mark} | " + " | ".join(values) + " |"
+        if with_bytes:
+            line += f" {cell[(policy, budgets[-1])]['storage_ratio']:.3f} |"
+        lines.append(line)
+    return lines
+
+
+SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
+            "replay": ("replay-latest.json", render_replay)}
+
+
 def main() -> int:
-    with open(os.path.join(ROOT, "bench", "results", "dataplane-latest.json")) as fh:
-        report = json.load(fh)
     path = os.path.join(ROOT, "README.md")
     with open(path) as fh:
         text = fh.read()
-    if START not in text or END not in text:
-        print(f"README.md lacks the markers {START} / {END}", file=sys.stderr)
-        return 1
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    text = pattern.sub(lambda _: f"{START}\n{render(report)}\n{END}", text)
+    for name, (filename, render) in SECTIONS.items():
+        source = os.path.join(ROOT, "bench", "results", filename)
+        if not os.path.exists(source):
+            continue
+        with open(source) as fh:
+            report = json.load(fh)
+        start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+        if start not in text or end not in text:
+            print(f"README.md lacks the markers {start} / {end}", file=sys.stderr)
+            return 1
+        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+        text = pattern.sub(lambda _: f"{start}\n{render(report)}\n{end}", text)
+        print(f"README.md: {name} figures of {report.get('date') or report['meta']['date']}")
     with open(path, "w") as fh:
         fh.write(text)
-    print(f"README.md: bench table of {report['date']}")
     return 0
 
 

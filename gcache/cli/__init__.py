@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 
+from gcache.cli import replay
 from gcache.config import parse_size
 from gcache.errors import GCacheError
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "put":
             cmd.add_argument("file")
         cmd.set_defaults(run=fn)
+    replay.add_parser(sub)
     return parser
 
 

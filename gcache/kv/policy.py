@@ -13,25 +13,33 @@ many prefixes a budget holds and where they can hit.
     pages already stored by another sequence while no tail made them a hit. Shared pages are
     evidence of reuse (a system prompt, a forked conversation), so this pays for a tail where a
     later request is likely to resume.
-  * While the store evicts nothing, a tail at every page: with room to spare, tails cost no
-    prefix, and a request can then resume at any page, exactly as full-layer storage allows.
-  * Under eviction pressure, a checkpoint only every 16 pages: each tail displaces about three
-    pages, so sparse checkpoints keep the most prefixes while bounding how far back a first
-    branch falls.
-  On the conversation trace this is within 1% of the best fixed policy at every budget and
-  never below full-layer storage (``gcache replay``; figures in the README), hence the default.
+  * While the store is less than half full, a tail at every page: tails then cost no prefix,
+    and a request can resume at any page, as full-layer storage allows.
+  * Filling but not yet evicting: a checkpoint every 4 pages. Evicting: every 16 pages, since
+    each tail then displaces about three pages, and sparse checkpoints keep the most prefixes
+    while bounding how far back a first branch falls.
+  On the conversation trace this is at or above the best fixed policy at every budget and never
+  below full-layer storage (``gcache replay``; figures in the README), hence the default.
 - ``full-layer``: the baseline, every layer of every page, no tails (what an L3 unaware of
   windows stores).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from gcache.errors import ConfigError
 
 DEFAULT_POLICY = "adaptive"
 PRESSURE_HOLD_SAVES = 256      # saves that count as "under pressure" after an eviction is seen
+ROOMY_FILL = 0.5               # below this fraction of its capacity a store is roomy
+
+
+class Pressure(enum.Enum):
+    ROOMY = "roomy"            # less than half full
+    FILLING = "filling"        # fuller, but nothing evicted lately
+    EVICTING = "evicting"      # evicted within the last PRESSURE_HOLD_SAVES saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +50,15 @@ class StorePolicy:
     checkpoint_pages: int = 0      # K for checkpoint-K; 0 otherwise
     branch_points: bool = False    # adaptive: also a tail where shared pages end
     full_layer: bool = False       # baseline: page every layer, write no tails
-    roomy_checkpoint_pages: int = 0  # K while the store evicts nothing (0: always K)
+    filling_checkpoint_pages: int = 0  # K while the store fills without evicting (0: as K)
+    roomy_checkpoint_pages: int = 0    # K while the store is less than half full (0: as K)
+
+    @property
+    def reads_pressure(self) -> bool:
+        return bool(self.filling_checkpoint_pages or self.roomy_checkpoint_pages)
 
     def tail_boundaries(self, n_pages: int, *, shared_pages: int, hit_pages: int,
-                        under_pressure: bool = True) -> list[int]:
+                        pressure: Pressure = Pressure.EVICTING) -> list[int]:
         """Boundaries (in pages, ascending) whose tails a save of ``n_pages`` pages writes.
 
         ``shared_pages``: leading pages that were already stored before this save;
@@ -54,9 +67,9 @@ class StorePolicy:
         if self.full_layer or n_pages == 0:
             return []
         chosen = {n_pages}
-        every = self.checkpoint_pages
-        if self.roomy_checkpoint_pages and not under_pressure:
-            every = self.roomy_checkpoint_pages
+        every = {Pressure.ROOMY: self.roomy_checkpoint_pages,
+                 Pressure.FILLING: self.filling_checkpoint_pages}.get(pressure, 0) \
+            or self.checkpoint_pages
         if every:
             chosen.update(range(every, n_pages, every))
         if self.branch_points and hit_pages < shared_pages <= n_pages and shared_pages > 0:
@@ -72,7 +85,7 @@ def policy_from_name(name: str | StorePolicy) -> StorePolicy:
         return StorePolicy("tail")
     if name == "adaptive":
         return StorePolicy("adaptive", checkpoint_pages=16, branch_points=True,
-                           roomy_checkpoint_pages=1)
+                           filling_checkpoint_pages=4, roomy_checkpoint_pages=1)
     if name == "full-layer":
         return StorePolicy("full-layer", full_layer=True)
     if name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit() \
@@ -83,7 +96,7 @@ def policy_from_name(name: str | StorePolicy) -> StorePolicy:
 
 
 class PressureGauge:
-    """Turns a store's eviction counter into "under pressure" for the next saves.
+    """Turns a store's fill and eviction counter into the ``Pressure`` of the next saves.
 
     Evictions arrive in bursts (a server reclaims a whole segment at once), so one sighting
     holds for ``hold_saves`` saves instead of flipping the policy back and forth between them.
@@ -93,14 +106,17 @@ class PressureGauge:
         self.hold_saves = hold_saves
         self._evicted_seen = 0
         self._left = 0
+        self._fill = 0.0
 
-    def observe(self, evicted_total: int) -> None:
-        """Report the store's eviction count so far."""
+    def observe(self, *, evicted_total: int, used_bytes: int, capacity_bytes: int) -> None:
+        """Report the store's eviction count so far and how full it is."""
         if evicted_total > self._evicted_seen:
             self._evicted_seen, self._left = evicted_total, self.hold_saves
+        self._fill = used_bytes / capacity_bytes if capacity_bytes else 1.0
 
-    def next_save(self) -> bool:
-        """Whether the save about to happen is under pressure."""
-        under = self._left > 0
-        self._left = max(0, self._left - 1)
-        return under
+    def next_save(self) -> Pressure:
+        """The pressure the save about to happen is under."""
+        if self._left > 0:
+            self._left -= 1
+            return Pressure.EVICTING
+        return Pressure.ROOMY if self._fill < ROOMY_FILL else Pressure.FILLING

@@ -72,15 +72,16 @@ class StoreModel:
         shared = leading(present) if present is not None else 0
         tail = (lambda b: b"t" + hashes[b - 1] in self.units) if self._has_tails else None
         hit = safe_boundary(n, present, tail)
-        self._gauge.observe(self.units.evicted)
-        under_pressure = self._gauge.next_save()
+        self._gauge.observe(evicted_total=self.units.evicted, used_bytes=self.units.used_bytes,
+                            capacity_bytes=self.units.budget_bytes)
+        pressure = self._gauge.next_save()
         if self._has_pages:
             for i, h in enumerate(hashes):
                 if not present[i] and self.units.add(b"p" + h, self._page_bytes):
                     self.stored_bytes += self._page_bytes
         if self._has_tails:
             for b in self.policy.tail_boundaries(n, shared_pages=shared, hit_pages=hit,
-                                                     under_pressure=under_pressure):
+                                                     pressure=pressure):
                 unit = b"t" + hashes[b - 1]
                 if unit not in self.units:
                     size = self.layout.tail_bytes(b)

@@ -31,7 +31,8 @@ from gcache.kv import page_keys
 from gcache.kv.layer_buffers import KVSink, KVSource
 from gcache.kv.layout import ModelLayout
 from gcache.kv.load import LoadHandle
-from gcache.kv.policy import DEFAULT_POLICY, PressureGauge, StorePolicy, policy_from_name
+from gcache.kv.policy import (DEFAULT_POLICY, Pressure, PressureGauge, StorePolicy,
+                              policy_from_name)
 from gcache.kv.window import leading, safe_boundary, tail_span
 
 TAIL_CANDIDATES_PER_ROUND = 4
@@ -156,7 +157,7 @@ class KVStore:
         wanted = self._layers(layers)
         tails = self.policy.tail_boundaries(probe.n_pages, shared_pages=probe.shared_pages,
                                             hit_pages=probe.hit_pages,
-                                            under_pressure=self._under_pressure())
+                                            pressure=self._pressure())
         keys: list[str] = []
         values: list[memoryview] = []
         page = self.layout.page_size
@@ -196,16 +197,18 @@ class KVStore:
                                         values[i:i + self.max_batch_keys], group=group)
         return ok
 
-    def _under_pressure(self) -> bool:
-        """Whether the cluster has been evicting lately (polled at most every
-        ``pressure_poll_s``; only policies that change with pressure ask)."""
-        if not self.policy.roomy_checkpoint_pages:
-            return True
+    def _pressure(self) -> Pressure:
+        """How full the cluster is and whether it has been evicting lately, from the servers'
+        STAT (polled at most every ``pressure_poll_s``; only policies that use it ask)."""
+        if not self.policy.reads_pressure:
+            return Pressure.EVICTING
         now = time.monotonic()
         if now - self._polled_at >= self.pressure_poll_s:
             self._polled_at = now
-            stats = self.client.server_stats().values()
-            self._gauge.observe(sum(s["tier"]["evicted_objects"] for s in stats if s))
+            tiers = [s["tier"] for s in self.client.server_stats().values() if s]
+            self._gauge.observe(evicted_total=sum(t["evicted_objects"] for t in tiers),
+                                used_bytes=sum(t["used_bytes"] for t in tiers),
+                                capacity_bytes=sum(t["capacity_bytes"] for t in tiers))
         return self._gauge.next_save()
 
     # ---- load -----------------------------------------------------------------------------------

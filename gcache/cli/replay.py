@@ -1,0 +1,140 @@
+"""``gcache replay``: a Mooncake-format trace against the in-process model and a real cluster.
+
+The model run covers the whole trace (or ``--limit``). ``--cluster`` replays the first
+``--cluster-requests`` requests through ``KVStore`` on real ``gcache-server`` processes, one fresh
+cluster per policy and budget, with every value scaled down by ``--scale`` (the layout's bytes
+per token divided, ratios kept) so that the budgets fit in this machine's memory; it replays the
+same requests in the model too, so the two columns compare like with like.
+
+The cluster's budget is its arena: ``budget × working set / scale`` split over the servers, in
+segments small enough that first-in-first-out reclaims at a fine grain. The arena also holds
+record headers and keys, which the model does not count; that is part of what the comparison
+measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import replace
+
+from gcache.kv import KVStore, ModelLayout
+from gcache.kv.replay import (DEFAULT_BUDGETS, DEFAULT_POLICIES, PreparedTrace, ReplayRow,
+                              format_table, plot_curves, prepare, replay_model,
+                              rows_for_budget, write_json)
+from gcache.kv.trace import BLOCK_SIZE, iter_tokens, read_trace
+
+DEFAULT_TRACE = "data/traces/conversation_trace.jsonl"
+MIN_SEGMENT_BYTES = 64 << 10
+
+
+class ZeroKV:
+    """A ``KVSource`` of the right sizes: a replay measures hits, not contents."""
+
+    def __init__(self, layout: ModelLayout) -> None:
+        self.layout = layout
+        most = max(layout.full.bytes_per_token, layout.swa.bytes_per_token)
+        self._zeros = memoryview(bytes(most * max(layout.page_size, layout.window)))
+
+    def read(self, layer: int, start: int, stop: int) -> memoryview:
+        return self._zeros[:(stop - start) * self.layout.layer_bytes_per_token(layer)]
+
+
+def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budgets: list[float],
+                   *, servers: int, log=print) -> list[ReplayRow]:
+    """Rows measured on real servers for the requests of ``trace``."""
+    from gcache.cli.local_cluster import LocalCluster
+    from gcache.sdk import Client
+
+    layout = trace.layout.scaled(scale)
+    token_lists = [tokens[:len(h) * layout.page_size]
+                   for (_, tokens), h in zip(iter_tokens(list(trace.requests)), trace.hashes)]
+    rows = []
+    for budget in budgets:
+        per_server = max(2 * MIN_SEGMENT_BYTES, trace.budget_bytes(budget) // scale // servers)
+        segment = max(MIN_SEGMENT_BYTES, 1 << int(math.log2(max(1, per_server // 256))))
+        memory = max(2, per_server // segment) * segment
+        results = {}
+        for name in policies:
+            started = time.monotonic()
+            with LocalCluster(servers, memory=str(memory),
+                              server_args=("--segment-size", str(segment))) as cluster, \
+                    Client(cluster.addresses, timeout_s=2.0) as client, \
+                    KVStore(client, layout, policy=name, pressure_poll_s=0.0) as store:
+                source, hits, stored = ZeroKV(layout), 0, 0
+                for tokens in token_lists:
+                    probe = store.probe(tokens)
+                    hits += probe.hit_tokens
+                    stored += store.save(tokens, source, probe=probe).bytes_written
+            results[name] = (hits / trace.input_tokens, stored * scale)
+            log(f"  cluster {name:<14} budget {budget:>5.0%}: hit rate "
+                f"{results[name][0]:.4f} ({time.monotonic() - started:.1f} s, "
+                f"{servers} × {memory / 2**20:.1f} MiB arenas)")
+        rows += rows_for_budget(budget, results, source="cluster",
+                                requests=len(trace.requests))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
+    budgets = [float(b) for b in args.budgets.split(",")]
+    policies = args.policies.split(",")
+    bad = [b for b in budgets if not 0 < b <= 1]
+    if bad:
+        print(f"gcache replay: --budgets {bad} must be fractions in (0, 1]", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    requests = read_trace(args.trace, limit=args.limit)
+    full = prepare(requests, layout)
+    print(f"gcache replay: {len(requests)} requests, {full.input_tokens} input tokens, "
+          f"model {layout.model} ({len(layout.full_layers)} full + {len(layout.swa_layers)} "
+          f"sliding layers, W={layout.window}, page {layout.page_size}), full-layer working "
+          f"set {full.working_set_bytes / 2**40:.2f} TiB")
+    rows = replay_model(full, policies, budgets)
+    if args.cluster:
+        subset = prepare(requests[:args.cluster_requests], layout)
+        cluster_budgets = [float(b) for b in args.cluster_budgets.split(",")]
+        print(f"gcache replay: real cluster, first {len(subset.requests)} requests, values "
+              f"scaled 1/{args.scale}")
+        model_rows = replay_model(subset, policies, cluster_budgets)
+        cluster_rows = replay_cluster(subset, args.scale, policies, cluster_budgets,
+                                      servers=args.servers)
+        rows += [replace(r, source="model-subset") for r in model_rows]
+        rows += cluster_rows
+        worst = max(abs(c.hit_rate - m.hit_rate) for c, m in zip(cluster_rows, model_rows))
+        print(f"gcache replay: largest model/cluster difference {worst * 100:.2f} points")
+    print(format_table(rows))
+    meta = {"trace": args.trace, "model": layout.model, "requests": len(requests),
+            "page_size": layout.page_size, "window": layout.window,
+            "working_set_bytes": full.working_set_bytes, "scale": args.scale,
+            "date": time.strftime("%Y-%m-%d"), "seconds": round(time.monotonic() - started, 1)}
+    if args.out:
+        write_json(rows, args.out, **meta)
+        print(f"gcache replay: wrote {args.out}")
+    if args.plot:
+        plot_curves([r for r in rows if r.source in ("model", "cluster")], args.plot,
+                    title=f"{layout.model}, {len(requests)} requests of {os.path.basename(args.trace)}")
+        print(f"gcache replay: wrote {args.plot}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    cmd = sub.add_parser("replay", help="replay a Mooncake-format trace: hit rate per policy")
+    cmd.add_argument("--trace", default=DEFAULT_TRACE, help="JSONL trace (Mooncake format)")
+    cmd.add_argument("--model", default="mimo-v2.5-pro",
+                     help="config.json path or a shipped config name")
+    cmd.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
+                     help="fractions of the full-layer working set")
+    cmd.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    cmd.add_argument("--limit", type=int, help="replay only the first N requests")
+    cmd.add_argument("--cluster", action="store_true", help="also replay on a real local cluster")
+    cmd.add_argument("--cluster-requests", type=int, default=1000)
+    cmd.add_argument("--cluster-budgets", default="0.02,0.05,0.1")
+    cmd.add_argument("--scale", type=int, default=512, help="value size divisor for --cluster")
+    cmd.add_argument("--servers", type=int, default=2)
+    cmd.add_argument("--out", help="write rows as JSON here")
+    cmd.add_argument("--plot", help="draw hit rate versus budget as a PNG here")
+    cmd.set_defaults(run=run)

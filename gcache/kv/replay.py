@@ -1,0 +1,145 @@
+"""Trace replay: token hit rate per store policy and budget, against the in-process model.
+
+A request is replayed as an engine with GCache as its L3 would serve it: look its prompt up
+(window-safe hits only), count the hit tokens, then save the prompt's full pages and the tails
+the policy picks. The budget is a fraction of the *full-layer working set*: every distinct page
+of the replayed requests at full-layer size, so the baseline holds everything at 1.0. Rows carry
+the hit rate (hit tokens over input tokens), the bytes each policy wrote and their ratio to what
+full-layer storage wrote at the same budget.
+
+The real-cluster replay (``gcache replay --cluster``) lives in ``gcache.cli.replay``; it starts
+servers, which this layer must not do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+from gcache.kv.layout import ModelLayout
+from gcache.kv.page_keys import namespace, page_hashes
+from gcache.kv.policy import DEFAULT_POLICY, policy_from_name
+from gcache.kv.replay_model import StoreModel
+from gcache.kv.trace import TraceRequest, iter_tokens
+
+DEFAULT_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+DEFAULT_POLICIES = ("full-layer", "tail", "checkpoint-4", "checkpoint-16", "adaptive")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRow:
+    policy: str
+    budget_fraction: float
+    hit_rate: float            # window-safe hit tokens / input tokens
+    stored_bytes: int          # bytes the policy wrote over the replay (at model scale)
+    storage_ratio: float       # stored_bytes / full-layer's stored_bytes at this budget
+    is_default: bool
+    source: str                # "model" or "cluster"
+    requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTrace:
+    """A trace's requests with their page hashes, computed once for every policy and budget."""
+
+    layout: ModelLayout
+    requests: tuple[TraceRequest, ...]
+    hashes: tuple[list[bytes], ...]
+    input_tokens: int
+    working_set_bytes: int     # distinct pages × full-layer page bytes
+
+    def budget_bytes(self, fraction: float) -> int:
+        return int(fraction * self.working_set_bytes)
+
+
+def prepare(requests: Sequence[TraceRequest], layout: ModelLayout) -> PreparedTrace:
+    root = namespace(layout.fingerprint())
+    hashes = tuple(page_hashes(tokens, layout.page_size, root)
+                   for _, tokens in iter_tokens(list(requests), layout.page_size))
+    distinct = len({h for hs in hashes for h in hs})
+    return PreparedTrace(layout, tuple(requests), hashes,
+                         sum(r.input_length for r in requests),
+                         distinct * layout.all_layers_page_bytes())
+
+
+def replay_model(trace: PreparedTrace, policies: Iterable[str] = DEFAULT_POLICIES,
+                 budgets: Iterable[float] = DEFAULT_BUDGETS) -> list[ReplayRow]:
+    """One row per policy and budget, from the in-process model."""
+    rows = []
+    for budget in budgets:
+        results = {}
+        for name in policies:
+            model = StoreModel(trace.layout, policy_from_name(name), trace.budget_bytes(budget))
+            hit_pages = sum(model.request(hashes).hit_pages for hashes in trace.hashes)
+            results[name] = (hit_pages * trace.layout.page_size / trace.input_tokens,
+                             model.stored_bytes)
+        rows += rows_for_budget(budget, results, source="model", requests=len(trace.requests))
+    return rows
+
+
+def rows_for_budget(budget: float, results: dict[str, tuple[float, int]], *, source: str,
+                    requests: int) -> list[ReplayRow]:
+    """Rows of one budget from ``{policy: (hit_rate, stored_bytes)}``."""
+    baseline = results.get("full-layer", (0.0, 0))[1]
+    return [ReplayRow(policy=name, budget_fraction=budget, hit_rate=round(hit, 6),
+                      stored_bytes=stored,
+                      storage_ratio=round(stored / baseline, 6) if baseline else 0.0,
+                      is_default=name == DEFAULT_POLICY, source=source, requests=requests)
+            for name, (hit, stored) in results.items()]
+
+
+def format_table(rows: Sequence[ReplayRow]) -> str:
+    """Hit rate per policy (rows) and budget (columns), one block per source."""
+    lines = []
+    for source in dict.fromkeys(r.source for r in rows):
+        chosen = [r for r in rows if r.source == source]
+        budgets = sorted({r.budget_fraction for r in chosen})
+        policies = list(dict.fromkeys(r.policy for r in chosen))
+        cell = {(r.policy, r.budget_fraction): r for r in chosen}
+        lines.append(f"{source} ({chosen[0].requests} requests): token hit rate by budget "
+                     "(fraction of the full-layer working set)")
+        lines.append(f"{'policy':<16}" + "".join(f"{b:>9.0%}" for b in budgets)
+                     + f"{'bytes vs full-layer':>22}")
+        for p in policies:
+            mark = " *" if p == DEFAULT_POLICY else ""
+            ratio = cell.get((p, budgets[-1]))
+            lines.append(f"{p + mark:<16}" + "".join(
+                f"{cell[(p, b)].hit_rate:>9.4f}" if (p, b) in cell else f"{'-':>9}"
+                for b in budgets) + (f"{ratio.storage_ratio:>22.3f}" if ratio else ""))
+        lines.append("")
+    lines.append("* default policy; bytes vs full-layer at the largest budget")
+    return "\n".join(lines)
+
+
+def write_json(rows: Sequence[ReplayRow], path: str, **meta: object) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+        f.write("\n")
+
+
+def plot_curves(rows: Sequence[ReplayRow], path: str, *, title: str) -> None:
+    """Hit rate versus budget per policy as a PNG (matplotlib, imported only here)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'gcache[plot]'") from exc
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for source, style in (("model", "-o"), ("cluster", "x")):
+        for policy in dict.fromkeys(r.policy for r in rows if r.source == source):
+            points = sorted((r.budget_fraction, r.hit_rate) for r in rows
+                            if r.source == source and r.policy == policy)
+            label = policy + (" (default)" if policy == DEFAULT_POLICY else "")
+            ax.plot(*zip(*points), style, label=label if source == "model" else
+                    f"{label}, real cluster", markersize=4 if source == "model" else 9)
+    ax.set_xscale("log")
+    ax.set_xlabel("budget (fraction of the full-layer working set)")
+    ax.set_ylabel("token hit rate (window-safe)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

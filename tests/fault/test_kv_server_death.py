@@ -1,0 +1,32 @@
+"""gcache.kv with a dead server: shorter matches, failed layers and unstored objects, never an
+exception and never a stall beyond the IO timeout."""
+
+import numpy as np
+
+from gcache.kv import KVStore, LayerArrays
+from gcache.sdk import Client
+from tests.kv.layouts import hybrid
+
+
+def test_a_killed_server_turns_into_misses_not_errors(cluster_factory):
+    cluster = cluster_factory(2, memory="64MiB")
+    layout = hybrid(model="fault")
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(0, 9999, 6 * 64) for _ in range(8)]
+    arrays = {layer: np.ones((6 * 64, layout.layer_bytes_per_token(layer)), np.uint8)
+              for layer in range(layout.num_layers)}
+    with Client(cluster.addresses, timeout_s=0.5) as client, \
+            KVStore(client, layout, policy="tail") as store:
+        for tokens in sequences:
+            store.save(tokens, LayerArrays(layout, arrays))
+        assert all(store.match(t) == 6 * 64 for t in sequences)
+        cluster.kill(0)
+        hits = [store.match(t) for t in sequences]
+        assert all(h == 0 for h in hits)                 # every prefix was striped over both
+        out = {layer: np.zeros_like(a) for layer, a in arrays.items()}
+        handle = store.load(sequences[0], 6 * 64, LayerArrays(layout, out))
+        assert handle.wait(timeout_s=10) is False and handle.failed_layers
+        saved = store.save(sequences[0], LayerArrays(layout, arrays))
+        assert saved.objects_failed > 0 and saved.objects_written > 0
+        assert store.match(sequences[0]) == 0            # half a prefix is no prefix
+        assert client.stats()["misses_by_reason"]
