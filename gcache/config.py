@@ -70,9 +70,16 @@ class ServerConfig:
     unix_socket: str = ""                   # same-host socket path; "" is /tmp/<shm_name>.sock,
                                             # "off" disables the shared-memory transport
     token: str | None = None                # cluster token; without one, loopback only
+    disk_dir: str = ""                      # cold tier directory (NVMe); "" is no cold tier
+    disk_capacity: int = 64 * GiB           # bytes the cold tier may use (oldest evicted first)
+    disk_format: str = "segments"           # "segments" (files + RocksDB index) or "blobs"
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
+        _check("disk_capacity", self.disk_capacity, self.disk_capacity >= 1 * MiB,
+               "must be at least 1MiB")
+        _check("disk_format", self.disk_format, self.disk_format in ("segments", "blobs"),
+               "must be segments or blobs")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,

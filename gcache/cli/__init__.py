@@ -1,7 +1,8 @@
 """``gcache``: the operator's command line (local demo cluster, stat, put, get).
 
 This package sits above the SDK: it uses ``gcache.sdk`` and starts ``gcache-server`` as
-processes, never importing server code, so the layers below stay as ARCHITECTURE §2 draws them.
+processes, never running server code in-process (``replay`` reads the arena's record size, a
+pure function, to size arenas), so the layers below stay as ARCHITECTURE §2 draws them.
 """
 
 from __future__ import annotations

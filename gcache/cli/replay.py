@@ -6,10 +6,12 @@ cluster per policy and budget, with every value scaled down by ``--scale`` (the 
 per token divided, ratios kept) so that the budgets fit in this machine's memory; it replays the
 same requests in the model too, so the two columns compare like with like.
 
-The cluster's budget is its arena: ``budget × working set / scale`` split over the servers, in
-segments small enough that first-in-first-out reclaims at a fine grain. The arena also holds
-record headers and keys, which the model does not count; that is part of what the comparison
-measures.
+The cluster's budget is its arena: ``budget × working set / scale`` of value bytes split over
+the servers, in segments small enough that first-in-first-out reclaims at a fine grain. The
+arena also holds each object's record header and key, which the model does not count; the arena
+is enlarged by exactly that for a page object (``gcache.server.arena.record_size``, the one
+import of server code here), so both hold the same value bytes and the comparison measures the
+model, not our header size.
 """
 
 from __future__ import annotations
@@ -49,12 +51,18 @@ def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budget
     from gcache.cli.local_cluster import LocalCluster
     from gcache.sdk import Client
 
+    from gcache.kv.page_keys import page_key
+    from gcache.server.arena import record_size
+
     layout = trace.layout.scaled(scale)
+    page_object = layout.full.bytes_per_token * layout.page_size
+    per_object = record_size(len(page_key(bytes(16), layout.num_layers - 1)), page_object)
     token_lists = [tokens[:len(h) * layout.page_size]
                    for (_, tokens), h in zip(iter_tokens(list(trace.requests)), trace.hashes)]
     rows = []
     for budget in budgets:
-        per_server = max(2 * MIN_SEGMENT_BYTES, trace.budget_bytes(budget) // scale // servers)
+        values = trace.budget_bytes(budget) // scale // servers
+        per_server = max(2 * MIN_SEGMENT_BYTES, values * per_object // page_object)
         segment = max(MIN_SEGMENT_BYTES, 1 << int(math.log2(max(1, per_server // 256))))
         memory = max(2, per_server // segment) * segment
         results = {}

@@ -182,12 +182,17 @@ class KVStore:
                           tail_boundaries=tuple(tails))
 
     def _read(self, source: KVSource, layer: int, start: int, stop: int) -> memoryview:
-        view = as_memoryview(source.read(layer, start, stop), writable=False,
-                             what=f"KV of layer {layer} tokens [{start}, {stop})")
+        return self._sized(source.read(layer, start, stop), layer, start, stop, writable=False,
+                           what="KV")
+
+    def _sized(self, buffer: Any, layer: int, start: int, stop: int, *, writable: bool,
+               what: str) -> memoryview:
+        """``buffer`` as bytes, checked to hold exactly tokens ``[start, stop)`` of ``layer``."""
+        name = f"{what} of layer {layer} tokens [{start}, {stop})"
+        view = as_memoryview(buffer, writable=writable, what=name)
         expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
         if len(view) != expected:
-            raise InvalidRequest(f"KV of layer {layer} tokens [{start}, {stop}) is {len(view)} "
-                                 f"bytes; the layout needs {expected}")
+            raise InvalidRequest(f"{name} is {len(view)} bytes; the layout needs {expected}")
         return view
 
     def _put(self, keys: list[str], values: list[memoryview], group: str | None) -> list[bool]:
@@ -243,13 +248,8 @@ class KVStore:
         return handle
 
     def _target(self, sink: KVSink, layer: int, start: int, stop: int) -> memoryview:
-        view = as_memoryview(sink.write_target(layer, start, stop), writable=True,
-                             what=f"load target of layer {layer} tokens [{start}, {stop})")
-        expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
-        if len(view) != expected:
-            raise InvalidRequest(f"load target of layer {layer} tokens [{start}, {stop}) is "
-                                 f"{len(view)} bytes; the layout needs {expected}")
-        return view
+        return self._sized(sink.write_target(layer, start, stop), layer, start, stop,
+                           writable=True, what="load target")
 
     def _get(self, keys: list[str], outs: list[memoryview], group: str | None) -> bool:
         for i in range(0, len(keys), self.max_batch_keys):

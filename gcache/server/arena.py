@@ -65,6 +65,7 @@ class Segment:
     span: int = 1                 # segments in this span (heads only)
     head: int = -1                # index of the span's head; -1 when free
     keys: list[bytes] = field(default_factory=list)   # keys with a record here (heads only)
+    clean: bool = False           # its live records are safe elsewhere (demoted or re-appended)
 
 
 class Arena:
@@ -107,6 +108,7 @@ class Arena:
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
         self._on_evict = on_evict
+        self.require_clean = False    # with a cold tier, only clean spans may be reused
 
     def _prefault(self) -> None:
         populate = getattr(mmap, "MADV_POPULATE_WRITE", None)
@@ -124,10 +126,12 @@ class Arena:
 
     # ---- allocation -------------------------------------------------------------------------
 
-    def allocate(self, n_bytes: int) -> tuple[Segment, int]:
+    def allocate(self, n_bytes: int, *, use_reserve: bool = False) -> tuple[Segment, int]:
         """Reserve ``n_bytes``; returns the head segment and the absolute offset.
 
-        Raises NoSpace when every window large enough touches a pinned span.
+        With ``require_clean``, the last reusable segment is a reserve that only a caller
+        passing ``use_reserve`` (the demoter, re-appending) may open, so cleaning can always
+        make progress. Raises NoSpace when every window large enough touches a pinned span.
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
@@ -136,8 +140,10 @@ class Arena:
             offset = head.index * self.segment_size + head.fill
             head.fill += n_bytes
             return head, offset
-        self._open = None
         span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
+        if self.require_clean and not use_reserve and self.headroom_segments() <= span:
+            raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
+        self._open = None
         start = self._choose_window(span)
         if start is None:
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
@@ -146,7 +152,7 @@ class Arena:
             if self.segments[index].head >= 0:
                 self._evict_span(self.segments[self.segments[index].head])
         head = self.segments[start]
-        head.seq, head.span, head.pins = self._next_seq, span, 0
+        head.seq, head.span, head.pins, head.clean = self._next_seq, span, 0, False
         head.fill = SEGMENT_HEADER_BYTES + n_bytes
         self._next_seq += 1
         for index in range(start, start + span):
@@ -183,7 +189,7 @@ class Arena:
                 if seg.head < 0:
                     continue
                 head = self.segments[seg.head]
-                if head.pins > 0:
+                if head.pins > 0 or (self.require_clean and not head.clean):
                     age = None
                     break
                 age = max(age, head.seq)
@@ -192,6 +198,28 @@ class Arena:
                 if age == -1:
                     break
         return best
+
+    def oldest_dirty(self) -> Segment | None:
+        """The oldest unpinned span head not yet clean; the open segment is sealed when it is
+        the only one left, so a demoter can always make progress."""
+        heads = [s for s in self.segments if s.head == s.index and not s.clean and s.pins == 0]
+        sealed = [s for s in heads if s is not self._open]
+        if not sealed and heads:
+            self._open = None
+            sealed = heads
+        return min(sealed, key=lambda s: s.seq, default=None)
+
+    def has_dirty_unpinned(self) -> bool:
+        return any(s.head == s.index and not s.clean and s.pins == 0 for s in self.segments)
+
+    def headroom_segments(self) -> int:
+        """Segments that an allocation could take now without waiting: free ones and the
+        unpinned members of clean spans."""
+        count = 0
+        for seg in self.segments:
+            head = self.segments[seg.head] if seg.head >= 0 else None
+            count += head is None or (head.clean and head.pins == 0 and head is not self._open)
+        return count
 
     def _evict_span(self, head: Segment) -> None:
         self._on_evict(head)

@@ -10,6 +10,7 @@ where HELLO hands them the arena's descriptor; everything else about them is the
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -18,6 +19,7 @@ from gcache.config import ServerConfig
 from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
 from gcache.server.tier import HotTier
+from gcache.server.tiered import TieredStore
 from gcache.transport.stream import StreamConnection
 from gcache.frame import VERSION
 from gcache.transport.shm import UnixListener, host_id
@@ -33,9 +35,7 @@ class DataServer:
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"
-        self.tier = HotTier(name=shm_name, size_bytes=config.memory,
-                            segment_size=config.segment_size, prefault=config.prefault,
-                            lease_ttl_s=config.lease_ttl_s)
+        self.tier = open_tiers(config, shm_name)
         self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
                                                                  or f"/tmp/{shm_name}.sock")
         self.unix_listener = (UnixListener(self.unix_path, io_size=config.io_size)
@@ -101,10 +101,13 @@ class DataServer:
     def _stat_extra(self) -> dict:
         with self._lock:
             connections = len(self._conns)
-        return {"server": {"address": self.address, "connections": connections,
-                           "uptime_s": round(time.monotonic() - self._started_s, 3),
-                           "io_size": self.config.io_size,
-                           "max_value_size": self.config.max_value_size}}
+        extra = {"server": {"address": self.address, "connections": connections,
+                            "uptime_s": round(time.monotonic() - self._started_s, 3),
+                            "io_size": self.config.io_size,
+                            "max_value_size": self.config.max_value_size}}
+        if isinstance(self.tier, TieredStore):
+            extra["tiers"] = self.tier.tier_stats()
+        return extra
 
     def shutdown(self, *, join_s: float = 2.0) -> None:
         self.stop.set()
@@ -119,3 +122,26 @@ class DataServer:
         for thread in [t for _, t in conns] + self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches
+
+
+def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
+    """The hot tier alone, or with a cold tier in ``config.disk_dir`` behind it. Raises
+    ``ConfigError`` for a missing or unwritable directory."""
+    if not config.disk_dir:
+        return HotTier(name=shm_name, size_bytes=config.memory,
+                       segment_size=config.segment_size, prefault=config.prefault,
+                       lease_ttl_s=config.lease_ttl_s)
+    from gcache.server.cold_segments import check_disk_dir
+    check_disk_dir(config.disk_dir)
+    if config.disk_format == "blobs":
+        from gcache.server.cold_blobs import BlobColdStore
+        cold = BlobColdStore(os.path.join(config.disk_dir, "blobs"), config.disk_capacity)
+    else:
+        from gcache.server.cold_segments import SegmentColdStore
+        os.makedirs(os.path.join(config.disk_dir, "segments"), exist_ok=True)
+        cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity)
+    hot = HotTier(name=shm_name, size_bytes=config.memory, segment_size=config.segment_size,
+                  prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True)
+    segments = config.memory // config.segment_size
+    # Two reusable segments at least: one for writers, one for second-chance re-appends.
+    return TieredStore(hot, cold, headroom_segments=min(segments, max(2, segments // 4)))

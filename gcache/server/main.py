@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
     parser.add_argument("--no-prefault", dest="prefault", action="store_const", const=False,
                         help="do not touch arena pages at start")
+    parser.add_argument("--disk-dir", dest="disk_dir", help="cold tier directory (NVMe)")
+    parser.add_argument("--disk-capacity", dest="disk_capacity", help="cold tier size, e.g. 1TiB")
+    parser.add_argument("--disk-format", dest="disk_format", choices=("segments", "blobs"),
+                        help="cold values in segment files (default) or RocksDB blob files")
     parser.add_argument("--config", help="TOML file with a [server] section")
     parser.add_argument("--log-level", default="INFO")
     return parser

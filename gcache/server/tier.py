@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
@@ -32,6 +32,8 @@ from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE
 from gcache.server.recovery import scan
 
 log = logging.getLogger(__name__)
+
+ALLOC_WAIT_S = 2.0       # longest an allocation waits for the demoter before NoSpace
 
 
 @dataclass(slots=True)
@@ -42,6 +44,7 @@ class Entry:
     length: int        # value bytes
     checksum: int      # xxh3_64 of the value
     head: Segment      # span holding the record
+    read: bool = False  # leased since it was (re-)appended: earns a second chance
 
 
 @dataclass(slots=True)
@@ -65,12 +68,19 @@ class TierCounters:
     evicted_segments: int = 0
     expired_pins: int = 0
     recovered_objects: int = 0
+    demoted_objects: int = 0       # written to the cold tier on their way out of memory
+    promoted_objects: int = 0      # read back from the cold tier into memory
+    second_chances: int = 0        # re-appended instead of demoted, because they were read
 
 
 class HotTier:
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
-                 lease_ttl_s: float) -> None:
+                 lease_ttl_s: float, cold_backed: bool = False) -> None:
         self._lock = threading.Lock()
+        # Signalled whenever space may have become reusable; a demoter waits on it too.
+        self.space = threading.Condition(self._lock)
+        self.cold_backed = cold_backed
+        self.on_commit: Callable[[bytes], Any] | None = None   # after a client's commit
         self._index: dict[bytes, Entry] = {}
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
@@ -78,6 +88,7 @@ class HotTier:
         self.counters = TierCounters()
         self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
                            prefault=prefault, on_evict=self._evicted)
+        self.arena.require_clean = cold_backed
         if self.arena.attached:
             self._recover()
 
@@ -96,8 +107,8 @@ class HotTier:
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def alloc(self, key: bytes, length: int, *,
-              expires: bool = True) -> tuple[int, int, memoryview]:
+    def alloc(self, key: bytes, length: int, *, expires: bool = True,
+              wait_s: float = ALLOC_WAIT_S) -> tuple[int, int, memoryview]:
         """Reserve space for ``key``; returns a write handle, the value's arena offset and its
         memory.
 
@@ -106,7 +117,7 @@ class HotTier:
         pinned).
         """
         with self._lock:
-            head, record = self.arena.allocate(record_size(len(key), length))
+            head, record = self._allocate(record_size(len(key), length), wait_s)
             entry = Entry(key, record, value_offset(record, len(key)), length, 0, head)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=self.arena.next_record_seq())
@@ -142,8 +153,10 @@ class HotTier:
             if pin is not None:
                 pin.hashing = False
 
-    def commit(self, handle: int, expected: int) -> None:
-        """Make a pending write visible if its bytes match ``expected`` (xxh3_64).
+    def commit(self, handle: int, expected: int, *, if_absent: bool = False) -> bool:
+        """Make a pending write visible if its bytes match ``expected`` (xxh3_64). With
+        ``if_absent`` (a promotion) a key committed meanwhile wins and this write is dropped:
+        returns False.
 
         Raises InvalidRequest for an unknown handle, ChecksumMismatch (the write is dropped).
         """
@@ -164,6 +177,8 @@ class HotTier:
                 self.counters.checksum_failures += 1
                 raise ChecksumMismatch(f"value of {entry.length} bytes hashes to {actual:#x}, "
                                        f"COMMIT said {expected:#x}")
+            if if_absent and entry.key in self._index:
+                return False
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
@@ -171,6 +186,9 @@ class HotTier:
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._index[entry.key] = entry
             self.counters.puts += 1
+        if self.on_commit is not None and not if_absent:
+            self.on_commit(entry.key)
+        return True
 
     def abort(self, handle: int) -> None:
         """Drop a pending write (its bytes stay unreachable until the span is evicted)."""
@@ -190,6 +208,7 @@ class HotTier:
                 self.counters.misses += 1
                 return None
             self.counters.hits += 1
+            entry.read = True
             handle = self._pin(entry, pending=False, expires=expires)
         return handle, entry, self.arena.view[entry.value:entry.value + entry.length]
 
@@ -222,7 +241,7 @@ class HotTier:
                 return False
             self.counters.deletes += 1
             try:
-                head, record = self.arena.allocate(record_size(len(key), 0))
+                head, record = self.arena.allocate(record_size(len(key), 0))   # never waits
             except NoSpace:
                 log.warning("tier.tombstone_lost reason=no_space")   # only a restart can tell
                 return True
@@ -262,13 +281,88 @@ class HotTier:
         self._pins[handle] = Pin(entry, deadline, pending)
         return handle
 
+    def _allocate(self, n_bytes: int, wait_s: float) -> tuple[Segment, int]:
+        """``arena.allocate`` under ``_lock``; with a cold tier, waits up to ``wait_s`` for
+        the demoter to clean a span instead of dropping live data. Does not wait when nothing
+        is left to clean (every span pinned, say by the leases of one huge batch)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.arena.allocate(n_bytes)
+            except NoSpace:
+                left = deadline - time.monotonic()
+                if not self.cold_backed or left <= 0 or not self.arena.has_dirty_unpinned():
+                    raise
+                self.space.notify_all()
+                self.space.wait(min(left, 0.05))
+
     def _evicted(self, head: Segment) -> None:
-        """Arena callback under ``_lock``: forget the records of a span about to be reused."""
+        """Arena callback under ``_lock``: forget the records of a span about to be reused.
+        In a clean span they are on disk or were re-appended: only without a cold tier is this
+        the end of them."""
         dropped = 0
         for key in head.keys:
             entry = self._index.get(key)
             if entry is not None and entry.head is head:
                 del self._index[key]
                 dropped += 1
-        self.counters.evicted_objects += dropped
+        if not self.cold_backed:
+            self.counters.evicted_objects += dropped
         self.counters.evicted_segments += 1
+
+    # ---- demotion support (``tiered.Demoter``) ---------------------------------------------
+
+    def claim_dirty(self, min_headroom: int) -> tuple[Segment, list[Entry]] | None:
+        """When fewer than ``min_headroom`` segments are reusable, pin the oldest dirty span
+        and return it with its live entries; else None."""
+        with self._lock:
+            if self.arena.headroom_segments() >= min_headroom:
+                return None
+            head = self.arena.oldest_dirty()
+            if head is None:
+                return None
+            head.pins += 1
+            live = [self._index[k] for k in dict.fromkeys(head.keys)
+                    if k in self._index and self._index[k].head is head]
+            return head, live
+
+    def reappend(self, entry: Entry) -> bool:
+        """Second chance: copy a recently read value to the log's head, where it is young
+        again. False when no clean space is free for it (the caller demotes it instead)."""
+        with self._lock:
+            if self._index.get(entry.key) is not entry:
+                return True
+            try:
+                head, record = self.arena.allocate(record_size(len(entry.key), entry.length),
+                                                   use_reserve=True)
+            except NoSpace:
+                return False
+            moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,
+                          entry.checksum, head)
+            view = self.arena.view
+            view[moved.value:moved.value + moved.length] = \
+                view[entry.value:entry.value + entry.length]
+            self.arena.write_record_header(record, state=STATE_PENDING, key=entry.key,
+                                           length=entry.length, checksum=entry.checksum,
+                                           seq=self.arena.next_record_seq())
+            self.arena.set_record_state(record, STATE_COMMITTED)
+            head.keys.append(entry.key)
+            self._index[entry.key] = moved
+            self.counters.second_chances += 1
+            return True
+
+    def is_current(self, entry: Entry) -> bool:
+        with self._lock:
+            return self._index.get(entry.key) is entry
+
+    def settle(self, head: Segment, *, demoted: int) -> None:
+        """Unpin a claimed span and mark it clean: its space may now be reused."""
+        with self._lock:
+            head.pins -= 1
+            head.clean = True
+            self.counters.demoted_objects += demoted
+            self.space.notify_all()
+
+    def note_promoted(self) -> None:
+        with self._lock:
+            self.counters.promoted_objects += 1

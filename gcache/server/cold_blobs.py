@@ -1,0 +1,107 @@
+"""The cold tier with values inside RocksDB (blob files on), the alternative to segment files.
+
+Three kinds of entries in one rocksdict database: ``v<key>`` the value (RocksDB moves values of
+4 KiB and more to blob files), ``m<key>`` its metadata (insertion number, length, checksum), and
+``o<number>`` the insertion order (length, key), which the disk budget walks oldest first. Kept
+so that ``bench/tiers.py`` can measure it against ``cold_segments`` in every run: each read here
+returns a fresh ``bytes`` from rocksdict that is then copied into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+
+from gcache.server.cold_index import ColdEntry, open_index
+
+log = logging.getLogger(__name__)
+
+META = struct.Struct("<QQQ")         # insertion number, length, checksum
+ORDER = struct.Struct(">Q")          # big-endian, so byte order is insertion order
+SIZE = struct.Struct("<Q")
+
+
+class BlobColdStore:
+    """Cold values in RocksDB blob files under ``path``; thread-safe."""
+
+    def __init__(self, path: str, capacity_bytes: int) -> None:
+        self.path, self.capacity_bytes = path, capacity_bytes
+        self._lock = threading.Lock()
+        self._db = open_index(path, blob_files=True)
+        self._bytes, self._next = 0, 0
+        for order, raw in self._db.items(b"o"):
+            self._bytes += SIZE.unpack_from(raw)[0]
+            self._next = ORDER.unpack(order[1:])[0] + 1
+        self.evicted_objects = 0
+        self.failed_writes = 0
+
+    def put(self, key: bytes, value: memoryview, checksum: int) -> bool:
+        if len(value) > self.capacity_bytes:
+            return False
+        with self._lock:
+            try:
+                self._drop(key)
+                while self._bytes + len(value) > self.capacity_bytes and self._evict_oldest():
+                    pass
+                number, self._next = self._next, self._next + 1
+                self._db.put(b"v" + key, bytes(value))
+                self._db.put(b"m" + key, META.pack(number, len(value), checksum))
+                self._db.put(b"o" + ORDER.pack(number), SIZE.pack(len(value)) + key)
+                self._bytes += len(value)
+                return True
+            except OSError as exc:
+                log.error("cold.write_failed error=%s", exc)
+                self.failed_writes += 1
+                return False
+
+    def lookup(self, key: bytes) -> ColdEntry | None:
+        raw = self._db.get(b"m" + key)
+        if raw is None:
+            return None
+        _, length, checksum = META.unpack(raw)
+        return ColdEntry(length, checksum, key)
+
+    def read_into(self, entry: ColdEntry, out: memoryview) -> bool:
+        value = self._db.get(b"v" + entry.location)
+        if value is None or len(value) != len(out):
+            return False
+        out[:] = value
+        return True
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            return self._drop(key)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"bytes": self._bytes, "capacity_bytes": self.capacity_bytes,
+                    "evicted_objects": self.evicted_objects, "failed_writes": self.failed_writes}
+
+    def object_count(self) -> int:
+        return sum(1 for _ in self._db.items(b"m"))
+
+    def sync(self) -> None:
+        """RocksDB's WAL carries every write; nothing more to flush for a crash."""
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _drop(self, key: bytes) -> bool:
+        raw = self._db.get(b"m" + key)
+        if raw is None:
+            return False
+        number, length, _ = META.unpack(raw)
+        for k in (b"v" + key, b"m" + key, b"o" + ORDER.pack(number)):
+            self._db.delete(k)
+        self._bytes -= length
+        return True
+
+    def _evict_oldest(self) -> bool:
+        for order, raw in self._db.items(b"o"):
+            if self._drop(raw[SIZE.size:]):
+                self.evicted_objects += 1
+            else:
+                self._db.delete(order)
+            return True
+        return False

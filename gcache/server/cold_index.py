@@ -1,0 +1,70 @@
+"""RocksDB through rocksdict, behind the few calls the cold tier needs.
+
+rocksdict's exceptions never leave this module: an index that cannot be opened is a
+``ConfigError`` naming the path (a second server on the same ``--disk-dir`` holds its lock), and
+a failed write is an ``OSError``, which the cold tier handles like a full disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gcache.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ColdEntry:
+    length: int            # value bytes
+    checksum: int          # xxh3_64 of the value
+    location: Any          # where the store keeps it (opaque to callers)
+
+
+class RocksIndex:
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        try:
+            self._db.put(key, value)
+        except Exception as exc:      # rocksdict raises plain Exceptions for IO errors
+            raise OSError(f"rocksdb put failed: {exc}") from exc
+
+    def delete(self, key: bytes) -> None:
+        try:
+            self._db.delete(key)
+        except Exception as exc:
+            raise OSError(f"rocksdb delete failed: {exc}") from exc
+
+    def count(self) -> int:
+        return sum(1 for _ in self._db.keys())
+
+    def items(self, prefix: bytes = b""):
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid() and it.key().startswith(prefix):
+            yield it.key(), it.value()
+            it.next()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_index(path: str, *, blob_files: bool = False) -> RocksIndex:
+    """Open (or create) a raw-bytes RocksDB at ``path``; with ``blob_files`` large values live
+    in RocksDB's blob files."""
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    if blob_files:
+        options.set_enable_blob_files(True)
+        options.set_min_blob_size(4096)
+        options.set_enable_blob_gc(True)
+    try:
+        return RocksIndex(rocksdict.Rdict(path, options))
+    except Exception as exc:
+        raise ConfigError("disk_dir", path, f"RocksDB cannot open it: {exc}") from exc

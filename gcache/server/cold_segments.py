@@ -1,0 +1,212 @@
+"""The cold tier as append-only segment files on NVMe, with RocksDB (rocksdict) as the index.
+
+Values are appended to the newest of a series of files (``seg-<n>.dat``), each record a header
+(magic, key length, value length, checksum), the key, then the value; the RocksDB index maps a
+key to (file, value offset, length, checksum). A read is one ``os.preadv`` straight into the
+caller's buffer — the arena, when the hot tier promotes — with no intermediate ``bytes``.
+
+Invariants:
+- The index is written after the record's bytes, so an index entry never points at bytes that
+  were not written; what a crash or a lost page does leave wrong is caught by the checksum,
+  which the reader verifies.
+- The disk budget evicts whole files, oldest first: their keys leave the index (only where the
+  index still points into that file), then the file is unlinked. A full disk does the same and
+  retries once; a value that still does not fit is not stored (the caller counts it).
+- A file's records are self-describing, so eviction finds a file's keys by scanning it.
+
+Why this design over values inside RocksDB (``cold_blobs``): rocksdict returns every read as a
+fresh ``bytes``, so a blob-file read costs a copy more, and its writes go through RocksDB's WAL
+and blob machinery; ``bench/tiers.py`` measures both and this one is the default (figures in the
+README).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+
+from gcache.errors import ConfigError
+from gcache.keys import MAX_KEY_BYTES
+from gcache.server.cold_index import ColdEntry, open_index
+
+log = logging.getLogger(__name__)
+
+RECORD = struct.Struct("<IHQQ")        # magic, key_len, length, checksum
+RECORD_MAGIC = 0x44434F47              # b"GOCD"
+LOCATION = struct.Struct("<IQQQ")      # file number, value offset, length, checksum
+FILE_BYTES = 64 << 20
+
+
+class SegmentColdStore:
+    """Cold values in segment files under ``path``; thread-safe."""
+
+    def __init__(self, path: str, capacity_bytes: int, *, file_bytes: int = FILE_BYTES) -> None:
+        self.path, self.capacity_bytes = path, capacity_bytes
+        self.file_bytes = min(file_bytes, max(1 << 20, capacity_bytes // 4))
+        self._lock = threading.Lock()
+        self._index = open_index(os.path.join(path, "index"))
+        self._sizes: dict[int, int] = {}
+        for name in sorted(os.listdir(path)):
+            if name.startswith("seg-") and name.endswith(".dat"):
+                self._sizes[int(name[4:-4])] = os.path.getsize(os.path.join(path, name))
+        self._current = max(self._sizes, default=0)
+        self._sizes.setdefault(self._current, 0)
+        self._write_fd = self._open(self._current, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._read_fds: dict[int, int] = {}
+        self.evicted_objects = 0
+        self.evicted_files = 0
+        self.failed_writes = 0
+
+    # ---- the ColdStore protocol -----------------------------------------------------------
+
+    def put(self, key: bytes, value: memoryview, checksum: int) -> bool:
+        """Append ``value``; False when it cannot be stored (too large, disk full)."""
+        header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum)
+        size = len(header) + len(key) + len(value)
+        if size > self.capacity_bytes:
+            return False
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    self._make_room(size)
+                    offset = self._sizes[self._current]
+                    written = os.writev(self._write_fd, [header, key, value])
+                    self._sizes[self._current] += written
+                    if written != size:
+                        raise OSError(f"short write of {written} of {size} bytes")
+                    self._index.put(key, LOCATION.pack(self._current, offset + len(header) +
+                                                       len(key), len(value), checksum))
+                    return True
+                except OSError as exc:
+                    log.error("cold.write_failed attempt=%d error=%s", attempt, exc)
+                    self._roll()                       # never append after a torn record
+                    if not self._evict_oldest():
+                        break
+            self.failed_writes += 1
+            return False
+
+    def lookup(self, key: bytes) -> ColdEntry | None:
+        raw = self._index.get(key)
+        if raw is None:
+            return None
+        number, offset, length, checksum = LOCATION.unpack(raw)
+        return ColdEntry(length, checksum, (number, offset))
+
+    def read_into(self, entry: ColdEntry, out: memoryview) -> bool:
+        """Read ``entry``'s value into ``out`` (its exact length); False when its file is gone
+        or short. The caller verifies the checksum."""
+        number, offset = entry.location
+        with self._lock:
+            if number not in self._sizes:
+                return False
+            fd = self._read_fds.get(number)
+            if fd is None:
+                fd = self._read_fds[number] = self._open(number, os.O_RDONLY)
+        try:
+            return os.preadv(fd, [out], offset) == len(out)
+        except OSError as exc:
+            log.error("cold.read_failed file=%d error=%s", number, exc)
+            return False
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            if self._index.get(key) is None:
+                return False
+            self._index.delete(key)
+            return True
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"bytes": sum(self._sizes.values()), "capacity_bytes": self.capacity_bytes,
+                    "files": len(self._sizes), "evicted_objects": self.evicted_objects,
+                    "evicted_files": self.evicted_files, "failed_writes": self.failed_writes}
+
+    def object_count(self) -> int:
+        return self._index.count()
+
+    def sync(self) -> None:
+        os.fsync(self._write_fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in [self._write_fd, *self._read_fds.values()]:
+                os.close(fd)
+            self._read_fds.clear()
+            self._index.close()
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def _file(self, number: int) -> str:
+        return os.path.join(self.path, f"seg-{number:08d}.dat")
+
+    def _open(self, number: int, flags: int) -> int:
+        return os.open(self._file(number), flags, 0o600)
+
+    def _make_room(self, size: int) -> None:
+        if self._sizes[self._current] + size > self.file_bytes and self._sizes[self._current]:
+            self._roll()
+        while sum(self._sizes.values()) + size > self.capacity_bytes and self._evict_oldest():
+            pass
+
+    def _roll(self) -> None:
+        os.fsync(self._write_fd)
+        os.close(self._write_fd)
+        self._current += 1
+        self._sizes[self._current] = 0
+        self._write_fd = self._open(self._current, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def _evict_oldest(self) -> bool:
+        """Drop the oldest file that is not being written; False when there is none."""
+        oldest = min((n for n in self._sizes if n != self._current), default=None)
+        if oldest is None:
+            return False
+        dropped = 0
+        for key in _keys_in(self._file(oldest)):
+            raw = self._index.get(key)
+            if raw is not None and LOCATION.unpack(raw)[0] == oldest:
+                self._index.delete(key)
+                dropped += 1
+        fd = self._read_fds.pop(oldest, None)
+        if fd is not None:
+            os.close(fd)
+        os.unlink(self._file(oldest))
+        del self._sizes[oldest]
+        self.evicted_objects += dropped
+        self.evicted_files += 1
+        log.info("cold.evicted file=%d objects=%d", oldest, dropped)
+        return True
+
+
+def _keys_in(path: str) -> list[bytes]:
+    """Keys of the records in a segment file (headers only are read), up to the first torn or
+    foreign record."""
+    keys = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, pos = os.fstat(fd).st_size, 0
+        while pos + RECORD.size <= size:
+            head = os.pread(fd, RECORD.size + MAX_KEY_BYTES, pos)
+            magic, key_len, length, _ = RECORD.unpack_from(head)
+            end = pos + RECORD.size + key_len + length
+            if magic != RECORD_MAGIC or end > size or RECORD.size + key_len > len(head):
+                break
+            keys.append(bytes(head[RECORD.size:RECORD.size + key_len]))
+            pos = end
+    finally:
+        os.close(fd)
+    return keys
+
+
+def check_disk_dir(path: str) -> None:
+    """Raise ``ConfigError`` unless ``path`` is an existing directory this process can create
+    files in (tried, since root passes every permission check)."""
+    if not os.path.isdir(path):
+        raise ConfigError("disk_dir", path, "must be an existing directory")
+    probe = os.path.join(path, f".gcache-probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError("disk_dir", path, f"must be writable: {exc.strerror}") from exc

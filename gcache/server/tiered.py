@@ -1,0 +1,197 @@
+"""Hot and cold tiers as one store: demotion in the background, promotion on read.
+
+``TieredStore`` has the hot tier's interface (the request handler cannot tell the difference)
+and adds what a cold tier changes:
+- **Demotion.** A ``Demoter`` thread keeps ``headroom`` segments of the arena reusable: it pins
+  the oldest dirty span, re-appends the objects that were read since they were written (second
+  chance, once per read), writes the others to disk outside every lock, verifying each
+  checksum first so a flipped byte in memory is never persisted, then marks the span clean.
+  Only clean spans are reused, so nothing leaves memory that is not on disk; a writer that finds
+  no clean space waits for the demoter (``tier.ALLOC_WAIT_S``) rather than dropping data, and
+  readers never wait on it.
+- **Promotion.** A read that misses memory and hits disk allocates the value in the arena, reads
+  it there straight from disk, checks its checksum and commits it (unless a newer write of the
+  key landed first), then leases it as any hot read. A wrong checksum is a miss, an error log
+  line, and the disk copy is dropped.
+- **Consistency.** A write or delete of a key drops its disk copy, so an older value never comes
+  back. A key written to disk while it was being replaced or deleted is "superseded": reads
+  ignore its disk copy and the demoter deletes it when its batch ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from gcache.errors import ChecksumMismatch, NoSpace
+from gcache.keys import checksum
+from gcache.server.cold_index import ColdEntry
+from gcache.server.tier import Entry, HotTier
+
+log = logging.getLogger(__name__)
+
+PROMOTE_WAIT_S = 0.2     # a read waits at most this long for room to promote into; then a miss
+
+
+class TieredStore:
+    """A ``HotTier`` in front of a cold store (``cold_segments`` or ``cold_blobs``)."""
+
+    def __init__(self, hot: HotTier, cold: Any, *, headroom_segments: int) -> None:
+        self.hot, self.cold = hot, cold
+        self.arena = hot.arena
+        self._guard = threading.Lock()           # the two sets below
+        self._in_flight: set[bytes] = set()      # keys the demoter is writing to disk
+        self._superseded: set[bytes] = set()     # of those, written or deleted meanwhile
+        self.cold_hits = 0
+        self.cold_misses = 0
+        self.cold_checksum_failures = 0
+        self.dropped_objects = 0                 # could not be demoted (disk full, corrupt)
+        hot.on_commit = self._drop_cold          # an older disk copy must never come back
+        self.demoter = Demoter(self, headroom_segments)
+        self.demoter.start()
+
+    # ---- the hot tier's interface -------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:     # alloc, write_target, leased, release, ...
+        return getattr(self.hot, name)
+
+    def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
+        got = self.hot.lease(key, expires=expires)
+        if got is not None or not self._promote(key):
+            return got
+        return self.hot.lease(key, expires=expires)
+
+    def exists(self, key: bytes) -> bool:
+        return self.hot.exists(key) or self._cold_entry(key) is not None
+
+    def delete(self, key: bytes) -> bool:
+        in_memory = self.hot.delete(key)
+        return self._drop_cold(key) or in_memory
+
+    def close(self, *, unlink: bool) -> None:
+        self.demoter.stop()
+        self.cold.sync()
+        self.cold.close()
+        self.hot.close(unlink=unlink)
+
+    def tier_stats(self) -> dict[str, dict[str, int]]:
+        hot = self.hot.stats()
+        cold = self.cold.stats()
+        return {
+            "hot": {k: hot[k] for k in ("bytes", "objects", "hits", "demoted_objects",
+                                        "promoted_objects", "second_chances",
+                                        "evicted_objects", "checksum_failures")},
+            "cold": {"bytes": cold["bytes"], "objects": self.cold.object_count(),
+                     "capacity_bytes": cold["capacity_bytes"], "hits": self.cold_hits,
+                     "misses": self.cold_misses, "evicted_objects": cold["evicted_objects"],
+                     "checksum_failures": self.cold_checksum_failures,
+                     "dropped_objects": self.dropped_objects,
+                     "failed_writes": cold["failed_writes"]}}
+
+    # ---- promotion ---------------------------------------------------------------------------
+
+    def _cold_entry(self, key: bytes) -> ColdEntry | None:
+        with self._guard:
+            if key in self._superseded:
+                return None
+        return self.cold.lookup(key)
+
+    def _promote(self, key: bytes) -> bool:
+        entry = self._cold_entry(key)
+        if entry is None:
+            self.cold_misses += 1
+            return False
+        try:
+            handle, _, target = self.hot.alloc(key, entry.length, expires=False,
+                                               wait_s=PROMOTE_WAIT_S)
+        except NoSpace:
+            return False
+        try:
+            if not self.cold.read_into(entry, target):
+                self.hot.abort(handle)
+                return False
+            promoted = self.hot.commit(handle, entry.checksum, if_absent=True)
+        except ChecksumMismatch as exc:
+            self.cold_checksum_failures += 1
+            log.error("cold.checksum_mismatch key=%r %s: dropped from disk", key[:64], exc)
+            self._drop_cold(key)
+            return False
+        self.cold_hits += 1
+        if promoted:
+            self.hot.note_promoted()
+        return True
+
+    # ---- disk copies ---------------------------------------------------------------------------
+
+    def _drop_cold(self, key: bytes) -> bool:
+        with self._guard:
+            if key in self._in_flight:
+                self._superseded.add(key)
+        return self.cold.delete(key)
+
+    def demote(self, entries: list[Entry]) -> int:
+        """Write entries to disk (on the demoter thread); returns how many are there now."""
+        done = 0
+        for entry in entries:
+            if not self.hot.is_current(entry):
+                continue
+            present = self.cold.lookup(entry.key)
+            if present is not None and present.checksum == entry.checksum \
+                    and present.length == entry.length:
+                done += 1                     # promoted earlier and unchanged: already there
+                continue
+            value = self.arena.view[entry.value:entry.value + entry.length]
+            if checksum(value) != entry.checksum:
+                self.hot.counters.checksum_failures += 1
+                self.dropped_objects += 1
+                log.error("hot.checksum_mismatch key=%r: not demoted", entry.key[:64])
+                continue
+            with self._guard:
+                self._in_flight.add(entry.key)
+            if self.cold.put(entry.key, value, entry.checksum):
+                done += 1
+            else:
+                self.dropped_objects += 1
+        with self._guard:
+            stale, self._superseded = self._superseded & self._in_flight, \
+                self._superseded - self._in_flight
+            self._in_flight.clear()
+        for key in stale:
+            self.cold.delete(key)
+        return done
+
+
+class Demoter(threading.Thread):
+    """Keeps ``headroom`` arena segments reusable by cleaning the oldest dirty spans."""
+
+    def __init__(self, store: TieredStore, headroom: int) -> None:
+        super().__init__(name="gcache-demoter", daemon=True)
+        self.store, self.headroom = store, headroom
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        hot = self.store.hot
+        while not self._stop.is_set():
+            try:
+                claim = hot.claim_dirty(self.headroom)
+                if claim is None:
+                    with hot.space:
+                        hot.space.wait(0.1)
+                    continue
+                head, live = claim
+                demoted = 0
+                try:
+                    stay = [e for e in live if not (e.read and hot.reappend(e))]
+                    demoted = self.store.demote(stay)
+                finally:
+                    hot.settle(head, demoted=demoted)
+            except Exception:      # the thread's top level: log, keep serving
+                log.exception("demoter.failed")
+                self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.store.hot.space:
+            self.store.hot.space.notify_all()
+        self.join(timeout=5)

@@ -1,0 +1,156 @@
+"""The cold tier on disk: demotion and promotion keep a working set 3× the arena readable,
+restarts keep what was committed, flipped bytes are caught, and the disk budget evicts."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gcache import Client
+from tests.helpers import wait_until
+
+ARENA = "8MiB"
+VALUE = 256 << 10
+SERVER_ARGS = ("--segment-size", "1MiB", "--lease-ttl", "1.0")
+
+
+def value(i: int) -> bytes:
+    return np.random.default_rng(5000 + i).integers(0, 256, VALUE, dtype=np.uint8).tobytes()
+
+
+def tiered(cluster_factory, disk_dir, *, capacity="256MiB", disk_format="segments"):
+    os.makedirs(disk_dir, exist_ok=True)
+    return cluster_factory(1, memory=ARENA, server_args=(
+        *SERVER_ARGS, "--disk-dir", str(disk_dir), "--disk-capacity", capacity,
+        "--disk-format", disk_format))
+
+
+def read_all(client: Client, keys: list[str]) -> list[bytes | None]:
+    """Batches of 2 MiB: one batch pins what it reads, so it cannot be larger than the arena."""
+    return [v for i in range(0, len(keys), 8) for v in client.batch_get(keys[i:i + 8])]
+
+
+def tiers(client: Client) -> dict:
+    return next(iter(client.server_stats().values()))["tiers"]
+
+
+@pytest.mark.parametrize("disk_format", ["segments", "blobs"])
+def test_a_working_set_three_times_the_arena_stays_readable(cluster_factory, tmp_path,
+                                                            disk_format):
+    cluster = tiered(cluster_factory, tmp_path / "disk", disk_format=disk_format)
+    n = 3 * (8 << 20) // VALUE                       # 96 values of 256 KiB: 3× the arena
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(n):
+            assert client.put(f"k{i}", value(i)), i
+        for round_ in range(2):                      # every value, twice: promotions both times
+            for i in range(n):
+                assert client.get(f"k{i}") == value(i), (round_, i)
+        stats = tiers(client)
+    assert stats["hot"]["demoted_objects"] >= n - 32 and stats["hot"]["promoted_objects"] >= n
+    assert stats["cold"]["hits"] >= n and stats["cold"]["objects"] >= n - 32
+    assert stats["hot"]["evicted_objects"] == 0 and stats["cold"]["checksum_failures"] == 0
+
+
+def test_recently_read_values_get_a_second_chance_in_memory(cluster_factory, tmp_path):
+    os.makedirs(tmp_path / "disk")
+    cluster = cluster_factory(1, memory="16MiB", server_args=(
+        *SERVER_ARGS, "--disk-dir", str(tmp_path / "disk")))
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(4):
+            assert client.put(f"hot{i}", value(i))
+        for i in range(4):
+            assert client.get(f"hot{i}") == value(i)   # read: earns a second chance
+        for i in range(64):                            # until their span is cleaned
+            assert client.put(f"filler{i}", value(100 + i))
+            if tiers(client)["hot"]["second_chances"] >= 4:
+                break
+        stats = tiers(client)
+        assert stats["hot"]["second_chances"] == 4 and stats["hot"]["demoted_objects"] > 0
+        assert all(client.get(f"hot{i}") == value(i) for i in range(4))
+        assert tiers(client)["cold"]["hits"] == 0       # served from memory all along
+
+
+def test_after_sigkill_both_tiers_come_back(cluster_factory, tmp_path):
+    cluster = tiered(cluster_factory, tmp_path / "disk")
+    n = 64
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(n):
+            assert client.put(f"k{i}", value(i))
+        assert client.delete("k5") and client.put("k6", value(999))
+    cluster.kill(0)
+    cluster.restart(0)
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        got = read_all(client, [f"k{i}" for i in range(n)])
+    expected = [value(999) if i == 6 else None if i == 5 else value(i) for i in range(n)]
+    assert got == expected
+
+
+def test_after_the_shared_memory_is_lost_every_disk_value_comes_back(cluster_factory, tmp_path):
+    cluster = tiered(cluster_factory, tmp_path / "disk")
+    n = 64
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(n):
+            assert client.put(f"k{i}", value(i))
+        assert client.delete("k1")
+        on_disk = tiers(client)["cold"]["objects"]
+    assert on_disk >= 16
+    cluster.kill(0)
+    os.unlink(f"/dev/shm/{cluster.servers[0].shm_name}")        # a host reboot
+    cluster.restart(0)
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        got = read_all(client, [f"k{i}" for i in range(n)])
+        back = tiers(client)
+    assert got[1] is None                                        # deleted stays deleted
+    intact = [i for i, v in enumerate(got) if v is not None]
+    assert all(got[i] == value(i) for i in intact)
+    assert len(intact) >= on_disk - 1 and back["cold"]["checksum_failures"] == 0
+
+
+def test_a_flipped_byte_on_disk_is_a_miss_and_the_server_keeps_serving(cluster_factory,
+                                                                       tmp_path):
+    disk = tmp_path / "disk"
+    cluster = tiered(cluster_factory, disk)
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(48):
+            assert client.put(f"k{i}", value(i))
+        wait_until(lambda: tiers(client)["cold"]["objects"] >= 16, timeout_s=10)
+        seg = sorted((disk / "segments").glob("seg-*.dat"))[0]
+        with open(seg, "r+b") as f:                  # flip one byte inside the first value
+            f.seek(4096)
+            byte = f.read(1)
+            f.seek(4096)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        got = [client.get(f"k{i}") for i in range(48)]
+        assert all(v is None or v == value(i) for i, v in enumerate(got))
+        assert got.count(None) == 1
+        assert tiers(client)["cold"]["checksum_failures"] == 1
+        assert client.put("after", b"ok") and client.get("after") == b"ok"
+    assert "cold.checksum_mismatch" in cluster.tail(cluster.servers[0], 200)
+
+
+def test_the_disk_budget_evicts_the_oldest_and_nothing_breaks(cluster_factory, tmp_path):
+    cluster = tiered(cluster_factory, tmp_path / "disk", capacity="4MiB")
+    n = 96
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(n):
+            assert client.put(f"k{i}", value(i))
+        got = read_all(client, [f"k{i}" for i in range(n)])
+        stats = tiers(client)
+    assert all(v is None or v == value(i) for i, v in enumerate(got))
+    assert got[-1] == value(n - 1) and got[0] is None        # the newest stay, the oldest went
+    assert stats["cold"]["evicted_objects"] > 0 and stats["cold"]["bytes"] <= 4 << 20
+
+
+@pytest.mark.parametrize("disk_dir, message", [
+    ("/nonexistent/gcache-disk", "must be an existing directory"),
+    ("/proc/self", "must be writable"),
+])
+def test_a_missing_or_unwritable_disk_dir_is_a_clear_error_at_start(disk_dir, message):
+    proc = subprocess.run([sys.executable, "-m", "gcache.server.main", "--listen",
+                           "127.0.0.1:0", "--memory", "4MiB", "--segment-size", "1MiB",
+                           "--no-prefault", "--disk-dir", disk_dir], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "disk_dir" in proc.stderr and message in proc.stderr, \
+        proc.stderr
