@@ -210,10 +210,14 @@ class KVStore:
         now = time.monotonic()
         if now - self._polled_at >= self.pressure_poll_s:
             self._polled_at = now
-            tiers = [s["tier"] for s in self.client.server_stats().values() if s]
-            self._gauge.observe(evicted_total=sum(t["evicted_objects"] for t in tiers),
-                                used_bytes=sum(t["used_bytes"] for t in tiers),
-                                capacity_bytes=sum(t["capacity_bytes"] for t in tiers))
+            evicted = used = capacity = 0
+            for stat in filter(None, self.client.server_stats().values()):
+                hot, cold = stat["tier"], stat.get("tiers", {}).get("cold")
+                # With a cold tier, data leaves the cache only when the disk evicts it.
+                evicted += hot["evicted_objects"] + (cold["evicted_objects"] if cold else 0)
+                used += cold["bytes"] if cold else hot["used_bytes"]
+                capacity += cold["capacity_bytes"] if cold else hot["capacity_bytes"]
+            self._gauge.observe(evicted_total=evicted, used_bytes=used, capacity_bytes=capacity)
         return self._gauge.next_save()
 
     # ---- load -----------------------------------------------------------------------------------

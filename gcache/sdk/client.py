@@ -200,10 +200,13 @@ class Client:
 
     # ---- introspection --------------------------------------------------------------------------
 
-    def stats(self) -> dict:
+    def stats(self, *, tiers: bool = False) -> dict:
         """Counters of this client (hits, misses by reason, bytes), suspect servers and which
-        servers are reached over shared memory."""
+        servers are reached over shared memory. With ``tiers``, also ``tiers``: the servers'
+        per-tier counters (hot, cold) summed over the servers that answered (a STAT each)."""
         out = self._stats.snapshot()
+        if tiers:
+            out["tiers"] = sum_tiers(self.server_stats().values())
         out["servers"] = list(self.config.servers)
         out["suspect_servers"] = self._d.pool.suspects()
         out["shm_servers"] = [a for a in self.config.servers if self._d.routes.is_shm(a)]
@@ -213,3 +216,16 @@ class Client:
         """Each server's STAT (None for a server that did not answer)."""
         futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self.config.servers}
         return {a: (None if f.result() is MISS else f.result()) for a, f in futures.items()}
+
+
+def sum_tiers(stats: Any) -> dict[str, dict[str, int]]:
+    """Per-tier counters summed over STAT answers (None for a server that did not answer); a
+    server without a cold tier contributes its hot tier only."""
+    total: dict[str, dict[str, int]] = {}
+    for stat in filter(None, stats):
+        tiers = stat.get("tiers") or {"hot": stat["tier"]}
+        for tier, values in tiers.items():
+            into = total.setdefault(tier, {})
+            for key, value in values.items():
+                into[key] = into.get(key, 0) + value
+    return total

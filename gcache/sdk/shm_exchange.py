@@ -4,14 +4,15 @@ between the caller's buffer and the server's mapped arena.
 Read: LEASE -> copy out of the mapping (hashing as it goes) -> RELEASE without a reply, so the
 release costs a send, not a round trip. Write: ALLOC -> copy in (hashing), announcing each chunk
 with a no-reply in-place WRITE so the server hashes it meanwhile -> COMMIT, whose reply says
-whether the server's own hash of the arena bytes matched ours. Batches lease, allocate and
-commit with one request per server; their copies are separate steps so that the client can run
-them on its IO threads in parallel.
+whether the server's own hash of the arena bytes matched ours. Batches lease with one request
+per server, and allocate and commit with a bounded pipeline of requests; their copies are
+separate steps so that the client can run them on its IO threads in parallel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ from gcache.keys import checksum_stream
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
 from gcache.transport.cuda import cuda_nbytes, is_cuda_tensor, read_into_cuda, write_from_cuda
 from gcache.transport.shm import COPY_CHUNK, ArenaMapping
+
+
+PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +141,8 @@ def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:
 
 def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Extent | None]:
     """Pipelined ALLOCs; None where the server had no space."""
-    requests = [ch.request(Op.ALLOC, key=k, length=n) for k, n in zip(keys, sizes)]
     extents: list[Extent | None] = []
-    for request in requests:
-        reply = ch.reply(request)
+    for reply in _pipelined(ch, [dict(key=k, length=n) for k, n in zip(keys, sizes)], Op.ALLOC):
         raise_for_status_except_space(reply, "ALLOC")
         ok = reply.status == Status.OK
         extents.append(Extent(reply.handle, reply.offset, reply.length) if ok else None)
@@ -149,10 +151,23 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int]) -> list
 
 def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
     """Pipelined COMMITs, in order."""
-    requests = [ch.request(Op.COMMIT, handle=h, checksum=d) for h, d in zip(handles, digests)]
     statuses = []
-    for request in requests:
-        reply = ch.reply(request)
+    for reply in _pipelined(ch, [dict(handle=h, checksum=d) for h, d in zip(handles, digests)],
+                            Op.COMMIT):
         raise_for_status_except_space(reply, "COMMIT")
         statuses.append(reply.status)
     return statuses
+
+
+def _pipelined(ch: Channel, requests: list[dict], op: Op) -> Iterator:
+    """Send ``requests`` at most ``PIPELINE_WINDOW`` ahead of the replies read, yielding the
+    replies in order. Unbounded pipelining deadlocks: a Unix socket's buffer is charged per
+    message, so a few hundred small frames fill it while the server, blocked sending replies
+    nobody reads yet, stops reading."""
+    pending: deque = deque()
+    for fields in requests:
+        pending.append(ch.request(op, **fields))
+        if len(pending) >= PIPELINE_WINDOW:
+            yield ch.reply(pending.popleft())
+    while pending:
+        yield ch.reply(pending.popleft())

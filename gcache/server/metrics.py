@@ -38,6 +38,22 @@ class TierCollector(Collector):
             yield CounterMetricFamily(name, f"hot tier {key}", value=stats[key])
         for key, name in _GAUGES.items():
             yield GaugeMetricFamily(name, f"hot tier {key}", value=stats[key])
+        tier_stats = getattr(self._server.tier, "tier_stats", None)
+        if tier_stats is not None:
+            yield from _per_tier(tier_stats())
+
+
+def _per_tier(tiers: dict[str, dict[str, int]]):
+    """``gcache_server_tier_*`` with a ``tier`` label (hot, cold): counters end in _total."""
+    names = sorted({key for values in tiers.values() for key in values})
+    for key in names:
+        gauge = key in ("bytes", "objects", "capacity_bytes")
+        family = (GaugeMetricFamily if gauge else CounterMetricFamily)(
+            f"gcache_server_tier_{key}", f"per-tier {key}", labels=["tier"])
+        for tier, values in tiers.items():
+            if key in values:
+                family.add_metric([tier], values[key])
+        yield family
 
 
 def serve_metrics(address: str, server: DataServer) -> None:

@@ -168,11 +168,11 @@ class Demoter(threading.Thread):
     def __init__(self, store: TieredStore, headroom: int) -> None:
         super().__init__(name="gcache-demoter", daemon=True)
         self.store, self.headroom = store, headroom
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         hot = self.store.hot
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 claim = hot.claim_dirty(self.headroom)
                 if claim is None:
@@ -188,10 +188,10 @@ class Demoter(threading.Thread):
                     hot.settle(head, demoted=demoted)
             except Exception:      # the thread's top level: log, keep serving
                 log.exception("demoter.failed")
-                self._stop.wait(0.5)
+                self._halt.wait(0.5)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         with self.store.hot.space:
             self.store.hot.space.notify_all()
         self.join(timeout=5)

@@ -74,3 +74,15 @@ def test_a_value_larger_than_the_arena_is_refused_cleanly(cluster_factory):
         assert client.put("too-big", b"x" * (20 << 20)) is False
         assert client.stats()["misses_by_reason"] == {"no_space": 1}
         assert client.put("fits", b"y" * 1000) and client.get("fits") == b"y" * 1000
+
+
+def test_a_large_shm_batch_of_small_values_does_not_deadlock(cluster_factory):
+    """Thousands of ALLOCs and COMMITs on one Unix socket: pipelined without a bound, the
+    server blocked sending replies nobody read while the client blocked sending (a timeout)."""
+    cluster = cluster_factory(1, memory="64MiB")
+    keys = [f"small{i}" for i in range(3000)]
+    values = [i.to_bytes(4, "little") * 64 for i in range(3000)]
+    with Client(cluster.addresses, timeout_s=2.0, transport="shm") as client:
+        assert all(client.batch_put(keys, values))
+        assert client.batch_get(keys) == values
+        assert client.stats()["misses"] == 0

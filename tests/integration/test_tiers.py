@@ -51,6 +51,7 @@ def test_a_working_set_three_times_the_arena_stays_readable(cluster_factory, tmp
     assert stats["hot"]["demoted_objects"] >= n - 32 and stats["hot"]["promoted_objects"] >= n
     assert stats["cold"]["hits"] >= n and stats["cold"]["objects"] >= n - 32
     assert stats["hot"]["evicted_objects"] == 0 and stats["cold"]["checksum_failures"] == 0
+    assert cluster.terminate(0) == 0                 # the demoter stops with the server
 
 
 def test_recently_read_values_get_a_second_chance_in_memory(cluster_factory, tmp_path):
@@ -154,3 +155,20 @@ def test_a_missing_or_unwritable_disk_dir_is_a_clear_error_at_start(disk_dir, me
                           text=True, timeout=60)
     assert proc.returncode == 2 and "disk_dir" in proc.stderr and message in proc.stderr, \
         proc.stderr
+
+
+def test_client_stats_and_metrics_report_per_tier(cluster_factory, tmp_path):
+    os.makedirs(tmp_path / "disk")
+    cluster = cluster_factory(1, memory=ARENA, server_args=(
+        *SERVER_ARGS, "--disk-dir", str(tmp_path / "disk")))
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(48):
+            assert client.put(f"k{i}", value(i))
+        assert client.get("k0") == value(0)               # demoted by now: a promotion
+        stats = client.stats(tiers=True)["tiers"]
+    assert set(stats) == {"hot", "cold"}
+    for key in ("bytes", "objects", "hits", "demoted_objects", "promoted_objects",
+                "evicted_objects", "checksum_failures"):
+        assert key in stats["hot"], key
+    assert stats["hot"]["demoted_objects"] > 0 and stats["hot"]["promoted_objects"] >= 1
+    assert stats["cold"]["hits"] >= 1 and stats["cold"]["objects"] > 0
