@@ -50,7 +50,10 @@ class RocksIndex:
             it.next()
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:
+            raise OSError(f"rocksdb close failed: {exc}") from exc
 
 
 def open_index(path: str, *, blob_files: bool = False) -> RocksIndex:

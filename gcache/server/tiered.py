@@ -71,8 +71,11 @@ class TieredStore:
 
     def close(self, *, unlink: bool) -> None:
         self.demoter.stop()
-        self.cold.sync()
-        self.cold.close()
+        try:
+            self.cold.sync()
+            self.cold.close()
+        except OSError as exc:           # a failing disk must not keep the arena from closing
+            log.error("cold.close_failed error=%s", exc)
         self.hot.close(unlink=unlink)
 
     def tier_stats(self) -> dict[str, dict[str, int]]:

@@ -172,3 +172,33 @@ def test_client_stats_and_metrics_report_per_tier(cluster_factory, tmp_path):
         assert key in stats["hot"], key
     assert stats["hot"]["demoted_objects"] > 0 and stats["hot"]["promoted_objects"] >= 1
     assert stats["cold"]["hits"] >= 1 and stats["cold"]["objects"] > 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs: a disk that fills up long before the cold tier's budget does. (Ask for
+    it before ``cluster_factory``, so the servers stop before it is unmounted.)"""
+    path = tmp_path / "small-disk"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_disk_evicts_and_the_server_keeps_serving(small_disk, cluster_factory):
+    cluster = cluster_factory(1, memory=ARENA, server_args=(
+        *SERVER_ARGS, "--disk-dir", str(small_disk), "--disk-capacity", "1GiB"))
+    n = 96
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        for i in range(n):
+            assert client.put(f"k{i}", value(i)), i
+        got = read_all(client, [f"k{i}" for i in range(n)])
+        stats = tiers(client)
+        assert client.put("after", b"ok") and client.get("after") == b"ok"
+    assert all(v is None or v == value(i) for i, v in enumerate(got))      # never wrong bytes
+    assert got[-1] == value(n - 1) and got.count(None) > 0
+    assert stats["cold"]["evicted_objects"] > 0, stats       # ENOSPC made room by evicting
+    assert cluster.servers[0].is_running() and cluster.terminate(0) == 0
