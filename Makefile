@@ -26,6 +26,7 @@ redis:
 
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
+	$(PY) bench/tiers.py
 	$(PY) bench/update_readme.py
 
 # Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.

@@ -2,7 +2,9 @@
 
 In one run, on one directory (``--dir``, default a fresh folder under /var/tmp):
 - limits: raw sequential write of 1 MiB chunks to one file with an fsync at the end, and raw
-  ``os.preadv`` of the same file back into one preallocated buffer;
+  ``os.preadv`` of the same file back into a preallocated, touched buffer of the same size
+  (distinct destinations, as promotions into the arena have; the memcpy limit of
+  ``bench/dataplane.py`` is measured the same way);
 - for each cold format (``segments``: files + RocksDB index, ``blobs``: values in RocksDB blob
   files): demotion throughput (``TieredStore.demote``: checksum check and disk write, fsync
   included) as a ratio to the raw write, and cold-read throughput (a promotion per value: read
@@ -52,11 +54,11 @@ def raw_limits(directory: str, total: int, chunk: int) -> dict:
     os.fsync(fd)
     write_s = time.perf_counter() - start
     os.close(fd)
-    out = bytearray(chunk)
-    fd = os.open(path, os.O_RDONLY)
+    out = memoryview(np.ones(total, np.uint8))  # distinct, pre-touched destinations, as an
+    fd = os.open(path, os.O_RDONLY)             # arena is: one reused buffer would stay cached
     start = time.perf_counter()
     for i in range(total // chunk):
-        os.preadv(fd, [out], i * chunk)
+        os.preadv(fd, [out[i * chunk:(i + 1) * chunk]], i * chunk)
     read_s = time.perf_counter() - start
     os.close(fd)
     os.unlink(path)
@@ -102,17 +104,23 @@ def cold_format(directory: str, disk_format: str, total: int, chunk: int) -> dic
     return {"demote_gbps": total / demote_s / 1e9, "cold_get_gbps": total / promote_s / 1e9}
 
 
-def _writer(address: str, seconds: float, size: int) -> None:
+def _writer(address: str, seconds: float, size: int, rate_bytes_s: float) -> None:
+    """Puts at ``rate_bytes_s``: the ingest a demoter must keep up with."""
     value = bytes(size)
     with Client([address], timeout_s=5.0) as client:
-        deadline, i = time.monotonic() + seconds, 0
-        while time.monotonic() < deadline:
+        start, i = time.monotonic(), 0
+        while time.monotonic() < start + seconds:
             client.put(f"bulk{i}", value)
             i += 1
+            ahead = start + i * size / rate_bytes_s - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
 
 
-def hot_latency(directory: str, gets: int) -> dict:
-    """p50/p99 of hot 64 KiB reads, alone and while a writer keeps the demoter busy."""
+def hot_latency(directory: str, gets: int, rate_mib_s: float) -> dict:
+    """p50/p99 of hot 64 KiB reads, alone and while a writer at ``rate_mib_s`` keeps the
+    demoter busy (a flat-out writer would measure CPU contention on a 2-core machine, not
+    demotion)."""
     disk = os.path.join(directory, "server")
     os.makedirs(disk)
     args = ("--segment-size", "4MiB", "--disk-dir", disk, "--disk-capacity", "4GiB")
@@ -135,7 +143,7 @@ def hot_latency(directory: str, gets: int) -> dict:
         out["hot_p50_ms"], out["hot_p99_ms"] = measure()
         before = client.server_stats()[cluster.addresses[0]]["tiers"]["hot"]["demoted_objects"]
         writer = multiprocessing.get_context("spawn").Process(
-            target=_writer, args=(cluster.addresses[0], 30.0, 1 * MiB))
+            target=_writer, args=(cluster.addresses[0], 60.0, 1 * MiB, rate_mib_s * MiB))
         writer.start()
         try:
             time.sleep(1.0)
@@ -145,6 +153,7 @@ def hot_latency(directory: str, gets: int) -> dict:
             writer.join(10)
         after = client.server_stats()[cluster.addresses[0]]["tiers"]["hot"]["demoted_objects"]
         out["demoted_during_measure"] = after - before
+        out["demotion_rate_mib_s"] = rate_mib_s
     return out
 
 
@@ -152,7 +161,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="directory on the disk to measure (default: /var/tmp)")
     parser.add_argument("--total", type=int, default=256, help="MiB per throughput figure")
-    parser.add_argument("--gets", type=int, default=3000)
+    parser.add_argument("--gets", type=int, default=10000)
+    parser.add_argument("--demote-rate", type=float, default=200.0,
+                        help="MiB/s written (and so demoted) during the latency figure")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="gcache-tiers-", dir=args.dir or "/var/tmp")
     total, chunk = args.total * MiB, 1 * MiB
@@ -162,7 +173,7 @@ def main() -> int:
                   "chunk_mib": 1, "limits": raw_limits(directory, total, chunk), "formats": {}}
         for disk_format in ("segments", "blobs"):
             report["formats"][disk_format] = cold_format(directory, disk_format, total, chunk)
-        report["hot"] = hot_latency(directory, args.gets)
+        report["hot"] = hot_latency(directory, args.gets, args.demote_rate)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     limits = report["limits"]
@@ -177,7 +188,8 @@ def main() -> int:
     hot = report["hot"]
     hot["p99_ratio"] = hot["hot_demoting_p99_ms"] / hot["hot_p99_ms"]
     print(f"hot 64 KiB get_into: p50 {hot['hot_p50_ms']:.3f} ms, p99 {hot['hot_p99_ms']:.3f} ms; "
-          f"with demotion running ({hot['demoted_during_measure']} objects demoted meanwhile) "
+          f"with demotion running at {hot['demotion_rate_mib_s']:.0f} MiB/s "
+          f"({hot['demoted_during_measure']} objects demoted meanwhile) "
           f"p50 {hot['hot_demoting_p50_ms']:.3f} ms, p99 {hot['hot_demoting_p99_ms']:.3f} ms "
           f"({hot['p99_ratio']:.2f}×)")
     os.makedirs(RESULTS, exist_ok=True)

@@ -105,8 +105,32 @@ def _hit_table(rows: list[dict], *, with_bytes: bool = False,
     return lines
 
 
+def render_tiers(report: dict) -> str:
+    limits, hot = report["limits"], report["hot"]
+    lines = [
+        f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs: {report['total_mib']}"
+        f" MiB in 1 MiB values on one directory. Limits in the same run: raw sequential write "
+        f"with fsync {limits['raw_write_gbps']:.2f} GB/s, raw `preadv` "
+        f"{limits['raw_preadv_gbps']:.2f} GB/s (from the page cache into distinct, touched memory, "
+        "as promotions into the arena are).",
+        "",
+        "| cold format | demotion GB/s | × raw write | cold get GB/s | × raw preadv |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in report["formats"].items():
+        lines.append(f"| {name} | {row['demote_gbps']:.2f} | {row['demote_x_raw_write']:.2f} | "
+                     f"{row['cold_get_gbps']:.2f} | {row['cold_get_x_raw_preadv']:.2f} |")
+    lines += ["", f"Hot 64 KiB `get_into` on a server with a cold tier: p50 "
+              f"{hot['hot_p50_ms']:.3f} ms, p99 {hot['hot_p99_ms']:.3f} ms; while another "
+              f"process writes {hot['demotion_rate_mib_s']:.0f} MiB/s and the demoter moves "
+              f"{hot['demoted_during_measure']} objects to disk: p50 {hot['hot_demoting_p50_ms']:.3f} ms, p99 "
+              f"{hot['hot_demoting_p99_ms']:.3f} ms ({hot['p99_ratio']:.2f}× the p99 without)."]
+    return "\n".join(lines)
+
+
 SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
-            "replay": ("replay-latest.json", render_replay)}
+            "replay": ("replay-latest.json", render_replay),
+            "tiers": ("tiers-latest.json", render_tiers)}
 
 
 def main() -> int:

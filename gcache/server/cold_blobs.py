@@ -25,6 +25,8 @@ SIZE = struct.Struct("<Q")
 class BlobColdStore:
     """Cold values in RocksDB blob files under ``path``; thread-safe."""
 
+    read_chunk_bytes = 1 << 62     # whole values: rocksdict cannot read part of one
+
     def __init__(self, path: str, capacity_bytes: int) -> None:
         self.path, self.capacity_bytes = path, capacity_bytes
         self._lock = threading.Lock()
@@ -62,11 +64,12 @@ class BlobColdStore:
         _, length, checksum = META.unpack(raw)
         return ColdEntry(length, checksum, key)
 
-    def read_into(self, entry: ColdEntry, out: memoryview) -> bool:
+    def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
+        """As ``SegmentColdStore.read_into``; rocksdict fetches the whole value every time."""
         value = self._db.get(b"v" + entry.location)
-        if value is None or len(value) != len(out):
+        if value is None or offset + len(out) > len(value):
             return False
-        out[:] = value
+        out[:] = memoryview(value)[offset:offset + len(out)]
         return True
 
     def delete(self, key: bytes) -> bool:

@@ -42,6 +42,8 @@ FILE_BYTES = 64 << 20
 class SegmentColdStore:
     """Cold values in segment files under ``path``; thread-safe."""
 
+    read_chunk_bytes = 256 << 10   # a promotion reads (and hashes, while cached) this much a step
+
     def __init__(self, path: str, capacity_bytes: int, *, file_bytes: int = FILE_BYTES) -> None:
         self.path, self.capacity_bytes = path, capacity_bytes
         self.file_bytes = min(file_bytes, max(1 << 20, capacity_bytes // 4))
@@ -94,10 +96,10 @@ class SegmentColdStore:
         number, offset, length, checksum = LOCATION.unpack(raw)
         return ColdEntry(length, checksum, (number, offset))
 
-    def read_into(self, entry: ColdEntry, out: memoryview) -> bool:
-        """Read ``entry``'s value into ``out`` (its exact length); False when its file is gone
-        or short. The caller verifies the checksum."""
-        number, offset = entry.location
+    def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
+        """Read ``len(out)`` bytes of ``entry``'s value from ``offset`` into ``out``; False
+        when its file is gone or short. The caller verifies the checksum."""
+        number, start = entry.location
         with self._lock:
             if number not in self._sizes:
                 return False
@@ -105,7 +107,7 @@ class SegmentColdStore:
             if fd is None:
                 fd = self._read_fds[number] = self._open(number, os.O_RDONLY)
         try:
-            return os.preadv(fd, [out], offset) == len(out)
+            return os.preadv(fd, [out], start + offset) == len(out)
         except OSError as exc:
             log.error("cold.read_failed file=%d error=%s", number, exc)
             return False
