@@ -202,3 +202,23 @@ def test_a_full_disk_evicts_and_the_server_keeps_serving(small_disk, cluster_fac
     assert got[-1] == value(n - 1) and got.count(None) > 0
     assert stats["cold"]["evicted_objects"] > 0, stats       # ENOSPC made room by evicting
     assert cluster.servers[0].is_running() and cluster.terminate(0) == 0
+
+
+def test_a_flipped_byte_in_the_arena_is_never_demoted_or_returned(cluster_factory, tmp_path):
+    cluster = tiered(cluster_factory, tmp_path / "disk")
+    with Client(cluster.addresses, timeout_s=3.0) as client:
+        assert client.put("victim", value(7))
+        with open(f"/dev/shm/{cluster.servers[0].shm_name}", "r+b") as f:
+            arena = f.read()
+            at = arena.find(value(7)[:4096]) + 1000
+            assert at > 1000
+            f.seek(at)
+            f.write(bytes([arena[at] ^ 0xFF]))
+        assert client.get("victim") is None                  # the client's checksum says no
+        for i in range(48):                                  # its span is demoted meanwhile
+            assert client.put(f"k{i}", value(i))
+        wait_until(lambda: tiers(client)["hot"]["checksum_failures"] >= 1, timeout_s=10)
+        assert client.get("victim") is None
+        stats = tiers(client)
+    assert stats["cold"]["dropped_objects"] >= 1
+    assert "hot.checksum_mismatch" in cluster.tail(cluster.servers[0], 300)
