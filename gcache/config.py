@@ -73,6 +73,9 @@ class ServerConfig:
     disk_dir: str = ""                      # cold tier directory (NVMe); "" is no cold tier
     disk_capacity: int = 64 * GiB           # bytes the cold tier may use (oldest evicted first)
     disk_format: str = "segments"           # "segments" (files + RocksDB index) or "blobs"
+    master: tuple[str, ...] = ()            # gRPC HOST:PORT of the masters; () is static mode
+    advertise: str = ""                     # HOST:PORT clients reach; "" is the listen address
+    heartbeat_interval_s: float = 1.0       # seconds between heartbeats to the master
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -80,6 +83,12 @@ class ServerConfig:
                "must be at least 1MiB")
         _check("disk_format", self.disk_format, self.disk_format in ("segments", "blobs"),
                "must be segments or blobs")
+        for address in self.master:
+            _check("master", address, _is_address(address), "each must be HOST:PORT")
+        _check("advertise", self.advertise, not self.advertise or _is_address(self.advertise),
+               "must be HOST:PORT or empty")
+        _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
+               "must be positive")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,
@@ -111,6 +120,8 @@ class ClientConfig:
     """Settings of one SDK ``Client``."""
 
     servers: tuple[str, ...] = ()           # HOST:PORT of each data server (static membership)
+    master: tuple[str, ...] = ()            # gRPC HOST:PORT of the masters (dynamic membership)
+    map_refresh_s: float = 1.0              # seconds between cluster-map checks with a master
     timeout_s: float = 0.2                  # seconds one IO may take before it is a miss
     io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
     io_threads: int = 4                     # SDK threads that do all network IO
@@ -138,6 +149,48 @@ class ClientConfig:
         _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("transport", self.transport, self.transport in ("auto", "tcp", "shm"),
                "must be one of auto, tcp, shm")
+        for address in self.master:
+            _check("master", address, _is_address(address), "each must be HOST:PORT")
+        _check("map_refresh_s", self.map_refresh_s, self.map_refresh_s > 0, "must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    """Settings of one ``gcache-master``."""
+
+    listen: str = "127.0.0.1:7600"          # HOST:PORT of the gRPC API
+    raft: str = "127.0.0.1:7610"            # HOST:PORT this member's Raft traffic uses
+    peers: tuple[str, ...] = ()             # Raft HOST:PORT of every member (self included)
+    data_dir: str = ""                      # Raft journal and snapshots; required
+    token: str | None = None                # cluster token; without one, loopback only
+    heartbeat_interval_s: float = 1.0       # how often servers beat
+    suspect_beats: int = 3                  # missed beats before a server is suspect
+    dead_timeout_s: float = 5.0             # seconds without a beat before a server is dead
+
+    def __post_init__(self) -> None:
+        for key in ("listen", "raft"):
+            _check(key, getattr(self, key), _is_address(getattr(self, key)), "must be HOST:PORT")
+        for address in self.peers:
+            _check("peers", address, _is_address(address), "each must be HOST:PORT")
+        _check("peers", self.peers, len(self.peers) in (0, 1, 3, 5),
+               "must list 1, 3 or 5 members (or be empty for a single master)")
+        _check("peers", self.peers, not self.peers or self.raft in self.peers,
+               f"must include this member's raft address {self.raft}")
+        _check("data_dir", self.data_dir, bool(self.data_dir), "is required")
+        _check("token", "***", self.token is None or len(self.token) >= 16,
+               "must be at least 16 characters")
+        _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
+               "must be positive")
+        _check("suspect_beats", self.suspect_beats, self.suspect_beats >= 1, "must be at least 1")
+        _check("dead_timeout_s", self.dead_timeout_s,
+               self.dead_timeout_s > self.suspect_beats * self.heartbeat_interval_s,
+               "must exceed suspect_beats × heartbeat_interval_s")
+        if self.token is None:
+            for key in ("listen", "raft"):
+                address = getattr(self, key)
+                _check(key, address, _is_loopback(address),
+                       "is not a loopback address; without a cluster token (--token, "
+                       "GCACHE_TOKEN or the config file) a master listens on loopback only")
 
 
 def _is_loopback(address: str) -> bool:

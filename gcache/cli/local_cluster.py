@@ -42,14 +42,16 @@ class LocalCluster:
 
     def __init__(self, n_servers: int = 2, *, memory: str = "256MiB",
                  server_args: tuple[str, ...] = (), log_dir: str | None = None,
-                 ready_timeout_s: float = 30.0) -> None:
+                 ready_timeout_s: float = 30.0, master: str | None = None) -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
         tag = uuid.uuid4().hex[:8]
         self.servers = [
             ServerProcess(i, f"gcache-{tag}-{i}", os.path.join(self.log_dir, f"server-{i}.log"),
-                          ["--memory", memory, *server_args])
+                          ["--memory", memory, *server_args,
+                           *(("--master", master, "--heartbeat-interval", "0.5")
+                             if master else ())])
             for i in range(n_servers)]
 
     def __enter__(self) -> LocalCluster:
@@ -128,6 +130,7 @@ class LocalCluster:
             if server.proc is not None:
                 self.terminate(server.index)
             for leftover in (os.path.join("/dev/shm", server.shm_name),
+                             os.path.join("/dev/shm", f"{server.shm_name}.id"),
                              f"/tmp/{server.shm_name}.sock"):
                 try:
                     os.unlink(leftover)       # what a SIGKILLed server could not remove

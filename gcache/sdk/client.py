@@ -27,17 +27,20 @@ from gcache.config import ClientConfig
 from gcache.frame import Status
 from gcache.keys import validate_key
 from gcache.sdk import batch, protocol, shm_exchange
+from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel, ReadResult
 from gcache.transport.cuda import is_cuda_tensor
+from gcache.transport.master_rpc import MasterLink, parse_masters
 
 log = logging.getLogger(__name__)
 
 
 class Client:
-    """A GCache client over static servers (``servers=["HOST:PORT", ...]``).
+    """A GCache client over static servers (``servers=["HOST:PORT", ...]``) or the servers a
+    master's cluster map lists (``master="HOST:PORT[,HOST:PORT...]"``).
 
     Keyword arguments override ``config`` fields (``timeout_s``, ``io_size``, ``io_threads``,
     ``transport``, ...); see ``ClientConfig`` for units and defaults. Thread-safe. Use as a
@@ -45,25 +48,35 @@ class Client:
     """
 
     def __init__(self, servers: Sequence[str] | None = None, *, config: ClientConfig | None = None,
-                 **overrides: Any) -> None:
+                 master: str | Sequence[str] | None = None, **overrides: Any) -> None:
         base = config or ClientConfig()
         fields = {name: getattr(base, name) for name in ClientConfig.__slots__}
         if servers is not None:
             if isinstance(servers, str):
                 raise TypeError("servers must be a list of 'HOST:PORT' strings, not one str")
             fields["servers"] = tuple(servers)
+        if master is not None:
+            fields["master"] = tuple(parse_masters(master))
         unknown = set(overrides) - set(fields)
         if unknown:
             raise TypeError(f"unknown Client arguments {sorted(unknown)}; see ClientConfig")
         fields.update(overrides)
         self.config = cfg = ClientConfig(**fields)
-        if not cfg.servers:
-            raise ValueError("servers is empty; give at least one 'HOST:PORT'")
+        if bool(cfg.servers) == bool(cfg.master):
+            raise ValueError("give either servers=['HOST:PORT', ...] or master='HOST:PORT[,...]'"
+                             f"; got servers={list(cfg.servers)} master={list(cfg.master)}")
         self._stats = ClientStats()
         self._d = Dispatcher(cfg, self._stats)
+        self._map: MapFollower | None = None
+        if cfg.master:
+            self._map = MapFollower(MasterLink(cfg.master, token=cfg.token),
+                                    self._d.set_members, refresh_s=cfg.map_refresh_s)
+            self._map.start()
 
     def __repr__(self) -> str:
-        return f"Client(servers={list(self.config.servers)!r}, transport={self.config.transport!r})"
+        where = f"master={list(self.config.master)!r}" if self.config.master \
+            else f"servers={list(self.config.servers)!r}"
+        return f"Client({where}, transport={self.config.transport!r})"
 
     def __enter__(self) -> Client:
         return self
@@ -72,6 +85,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        if self._map is not None:
+            self._map.stop()
         self._d.close()
 
     # ---- arguments ------------------------------------------------------------------------------
@@ -207,14 +222,15 @@ class Client:
         out = self._stats.snapshot()
         if tiers:
             out["tiers"] = sum_tiers(self.server_stats().values())
-        out["servers"] = list(self.config.servers)
+        out["servers"] = self._d.addresses()
+        out["map_epoch"] = self._d.epoch
         out["suspect_servers"] = self._d.pool.suspects()
-        out["shm_servers"] = [a for a in self.config.servers if self._d.routes.is_shm(a)]
+        out["shm_servers"] = [a for a in out["servers"] if self._d.routes.is_shm(a)]
         return out
 
     def server_stats(self) -> dict[str, dict | None]:
         """Each server's STAT (None for a server that did not answer)."""
-        futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self.config.servers}
+        futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self._d.addresses()}
         return {a: (None if f.result() is MISS else f.result()) for a, f in futures.items()}
 
 

@@ -9,6 +9,7 @@ marked suspect and its route forgotten, and the caller gets ``MISS``. ``Client``
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -55,7 +56,12 @@ class Dispatcher:
     def __init__(self, config: ClientConfig, stats: ClientStats) -> None:
         self.config = config
         self.stats = stats
-        self.ring = Ring.uniform(config.servers, vnodes=config.vnodes)
+        self._members_lock = threading.Lock()
+        self.epoch = 0
+        self._address_of: dict[str, str] = {}
+        self.ring = Ring({})
+        if config.servers:
+            self.set_members(0, {a: (a, 1.0) for a in config.servers})
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
                              io_size=config.io_size, token=config.token)
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
@@ -68,8 +74,25 @@ class Dispatcher:
 
     # ---- placement ------------------------------------------------------------------------------
 
+    def set_members(self, epoch: int, members: dict[str, tuple[str, float]]) -> None:
+        """Place keys on ``members`` (server id -> (address, capacity weight)) from now on. The
+        ring is keyed by id, so a server that comes back at a new address keeps its keys."""
+        ring = Ring({sid: weight for sid, (_, weight) in members.items()},
+                    vnodes=self.config.vnodes)
+        with self._members_lock:
+            self.ring, self.epoch = ring, epoch
+            self._address_of = {sid: address for sid, (address, _) in members.items()}
+
+    def addresses(self) -> list[str]:
+        """Data-plane addresses of the servers in the current map."""
+        with self._members_lock:
+            return sorted(self._address_of.values())
+
     def owner(self, key: bytes, group: bytes | None) -> str | None:
-        return self.ring.owner(key, group=group, group_width=self.config.group_width)
+        with self._members_lock:
+            ring, address_of = self.ring, self._address_of
+        sid = ring.owner(key, group=group, group_width=self.config.group_width)
+        return None if sid is None else address_of.get(sid)
 
     def plan(self, keys: Sequence[bytes],
              group: bytes | None) -> list[tuple[str | None, list[int]]]:

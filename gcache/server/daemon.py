@@ -18,11 +18,13 @@ import time
 from gcache.config import ServerConfig
 from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
+from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.tier import HotTier
 from gcache.server.tiered import TieredStore
 from gcache.transport.stream import StreamConnection
 from gcache.frame import VERSION
 from gcache.transport.shm import UnixListener, host_id
+from gcache.transport.master_rpc import MasterLink
 from gcache.transport.tcp import TcpListener
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class DataServer:
         self._conns: dict[StreamConnection, threading.Thread] = {}
         self._started_s = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
         loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None)),
@@ -60,6 +63,17 @@ class DataServer:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        if self.membership is not None:
+            self.membership.start()
+
+    def _membership(self, shm_name: str) -> Membership:
+        from gcache.proto import master_pb2 as pb
+        id_dir = self.config.disk_dir or "/dev/shm"
+        server_id = load_or_create_id(os.path.join(id_dir, f"{shm_name}.id"))
+        record = pb.Server(id=server_id, address=self.config.advertise or self.address,
+                           host_id=host_id(), capacity_bytes=self.config.memory)
+        link = MasterLink(self.config.master, token=self.config.token)
+        return Membership(link, record, interval_s=self.config.heartbeat_interval_s)
 
     def _accept_loop(self, listener: TcpListener | UnixListener, arena_fd: int | None) -> None:
         while not self.stop.is_set():
@@ -111,6 +125,8 @@ class DataServer:
 
     def shutdown(self, *, join_s: float = 2.0) -> None:
         self.stop.set()
+        if self.membership is not None:
+            self.membership.stop()
         self.listener.close()
         if self.unix_listener is not None:
             self.unix_listener.close()

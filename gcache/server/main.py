@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--disk-capacity", dest="disk_capacity", help="cold tier size, e.g. 1TiB")
     parser.add_argument("--disk-format", dest="disk_format", choices=("segments", "blobs"),
                         help="cold values in segment files (default) or RocksDB blob files")
+    parser.add_argument("--master", help="gRPC HOST:PORT[,HOST:PORT...] of the masters")
+    parser.add_argument("--advertise", help="HOST:PORT clients reach (default: --listen)")
+    parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
     parser.add_argument("--config", help="TOML file with a [server] section")
     parser.add_argument("--log-level", default="INFO")
     return parser

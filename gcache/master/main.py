@@ -1,0 +1,96 @@
+"""``gcache-master``: one member of the Raft group that tracks which data servers are alive.
+
+The line ``gcache-master ready listen=HOST:PORT raft=HOST:PORT`` on stderr is a contract: test
+fixtures and operators' scripts wait for it. SIGTERM or SIGINT stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from gcache.config import MasterConfig, load_config, redacted
+from gcache.errors import GCacheError, MasterError
+from gcache.master.liveness import Liveness
+from gcache.master.raft import RaftGroup
+from gcache.master.service import MasterService, TokenCheck
+from gcache.proto import master_pb2_grpc as pb_grpc
+
+log = logging.getLogger("gcache.master")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gcache-master", description="GCache master")
+    parser.add_argument("--listen", help="HOST:PORT of the gRPC API")
+    parser.add_argument("--raft", help="HOST:PORT of this member's Raft traffic")
+    parser.add_argument("--peers", help="Raft HOST:PORT of every member, self included")
+    parser.add_argument("--data-dir", dest="data_dir", help="Raft journal and snapshots")
+    parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN: flags show in ps)")
+    parser.add_argument("--dead-timeout", dest="dead_timeout_s", help="seconds")
+    parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
+    parser.add_argument("--config", help="TOML file with a [master] section")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def announce(group: RaftGroup, grpc_address: str, stop: threading.Event) -> None:
+    """Record this member's gRPC address in the replicated state, so followers can name the
+    leader to callers; retried until a leader takes it."""
+    while not stop.is_set():
+        try:
+            group.submit(("announce_master", group.self_addr, grpc_address))
+            return
+        except MasterError:
+            stop.wait(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
+    try:
+        config = load_config(MasterConfig, "master", path=args.config, flags=flags)
+    except GCacheError as exc:
+        sys.stderr.write(f"gcache-master: {exc}\n")
+        return 2
+    log.info("master.config %s", " ".join(f"{k}={v}" for k, v in redacted(config).items()))
+    group = RaftGroup(config.raft, config.peers or (config.raft,), config.data_dir)
+    liveness = Liveness(group, config)
+    interceptors = (TokenCheck(config.token),) if config.token else ()
+    server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
+                         interceptors=interceptors)
+    pb_grpc.add_MasterServicer_to_server(MasterService(group, liveness), server)
+    if server.add_insecure_port(config.listen) == 0:
+        sys.stderr.write(f"gcache-master: cannot listen on {config.listen}\n")
+        group.close()
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    liveness.start()
+    threading.Thread(target=announce, args=(group, config.listen, stop), daemon=True,
+                     name="gcache-announce").start()
+    sys.stderr.write(f"gcache-master ready listen={config.listen} raft={config.raft}\n")
+    sys.stderr.flush()
+    while not stop.wait(1.0):
+        pass
+    log.info("master.stopping listen=%s", config.listen)
+    server.stop(grace=1.0).wait(2.0)
+    liveness.stop()
+    group.close()
+    time.sleep(0.1)
+    log.info("master.stopped listen=%s", config.listen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The Raft group, behind the few calls the master needs: pysyncobj lives only here.
+
+``RaftGroup`` replicates ``ClusterState`` commands. A command submitted on a follower is
+forwarded to the leader by pysyncobj; ``submit`` waits for it to be applied here, or raises
+``Unavailable`` (no leader, no quorum, timeout). pysyncobj's failure codes and exceptions never
+leave this module. The journal and snapshots live in ``data_dir``, so a restarted member comes
+back with the state it had.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.syncobj import SyncObjException
+
+from gcache.errors import Unavailable
+from gcache.master.state import ClusterState
+
+
+class _Replica(SyncObj):
+    def __init__(self, self_node: str, others: Sequence[str], conf: SyncObjConf,
+                 on_applied: Callable[[], None]) -> None:
+        self.state = ClusterState()
+        self._on_applied = on_applied
+        super().__init__(self_node, list(others), conf)
+
+    @replicated
+    def apply(self, command: tuple) -> Any:
+        result = self.state.apply(command)
+        self._on_applied()
+        return result
+
+
+class RaftGroup:
+    """One member of the group at ``self_addr`` (HOST:PORT) with ``peers``."""
+
+    def __init__(self, self_addr: str, peers: Sequence[str], data_dir: str, *,
+                 election_timeout_s: tuple[float, float] = (0.4, 1.4)) -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        conf = SyncObjConf(journalFile=os.path.join(data_dir, "raft.journal"),
+                           fullDumpFile=os.path.join(data_dir, "raft.dump"),
+                           raftMinTimeout=election_timeout_s[0],
+                           raftMaxTimeout=election_timeout_s[1],
+                           connectionTimeout=2.0, connectionRetryTime=1.0,
+                           leaderFallbackTimeout=5.0, dynamicMembershipChange=False)
+        self.self_addr = self_addr
+        self.changed = threading.Condition()
+        self._replica = _Replica(self_addr, [p for p in peers if p != self_addr], conf,
+                                 self._notify)
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def state(self) -> ClusterState:
+        """The applied state (read-only for callers; may lag the leader's by a few entries)."""
+        return self._replica.state
+
+    def submit(self, command: tuple, *, timeout_s: float = 3.0) -> Any:
+        """Replicate ``command`` and return its result once applied here."""
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def callback(result: Any, error: int) -> None:
+            outcome["result"], outcome["error"] = result, error
+            done.set()
+
+        try:
+            self._replica.apply(command, callback=callback)
+        except SyncObjException as exc:
+            raise Unavailable(f"raft refused the command: {exc}") from None
+        if not done.wait(timeout_s):
+            raise Unavailable(f"raft did not apply the command within {timeout_s:.1f}s "
+                              "(no leader or no quorum)")
+        if outcome["error"] != FAIL_REASON.SUCCESS:
+            raise Unavailable(f"raft command failed: {_reason(outcome['error'])}")
+        return outcome["result"]
+
+    def is_leader(self) -> bool:
+        return self._replica._isLeader()
+
+    def leader(self) -> str | None:
+        node = self._replica._getLeader()
+        return None if node is None else str(node.address if hasattr(node, "address") else node)
+
+    def term(self) -> int:
+        return int(self._replica._getTerm())
+
+    def is_ready(self) -> bool:
+        return self._replica.isReady()
+
+    def close(self) -> None:
+        self._replica.destroy()
+
+
+def _reason(code: int) -> str:
+    names = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int)}
+    return names.get(code, str(code)).lower()

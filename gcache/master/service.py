@@ -1,0 +1,118 @@
+"""The master's gRPC service (``gcache/proto/master.proto``) and its token check.
+
+Reads (GetClusterMap, Status) are answered from this member's applied state. Register and Drain
+are Raft commands, which pysyncobj forwards to the leader from any member. Heartbeat lives in
+the leader's memory, so a follower refuses it with FAILED_PRECONDITION and names the leader's
+gRPC address in the ``gcache-leader`` trailing metadata; ``transport.master_rpc`` follows it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Callable
+
+import grpc
+
+from gcache.errors import MasterError
+from gcache.master.liveness import Liveness
+from gcache.master.raft import RaftGroup
+from gcache.master.state import ServerRecord
+from gcache.proto import master_pb2 as pb
+from gcache.proto import master_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+TOKEN_KEY = "gcache-token"
+LEADER_KEY = "gcache-leader"
+STATE_TO_PB = {"alive": pb.ALIVE, "suspect": pb.SUSPECT, "dead": pb.DEAD,
+               "draining": pb.DRAINING, "left": pb.LEFT}
+
+
+def server_pb(record: ServerRecord) -> pb.Server:
+    return pb.Server(id=record.id, address=record.address, host_id=record.host_id,
+                     capacity_bytes=record.capacity_bytes, state=STATE_TO_PB[record.state])
+
+
+class MasterService(pb_grpc.MasterServicer):
+    def __init__(self, group: RaftGroup, liveness: Liveness) -> None:
+        self.group, self.liveness = group, liveness
+
+    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
+        s = request.server
+        if not s.id or not s.address or s.capacity_bytes <= 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "Register needs server.id, server.address and a positive "
+                          f"server.capacity_bytes; got id={s.id!r} address={s.address!r} "
+                          f"capacity_bytes={s.capacity_bytes}")
+        record = ServerRecord(s.id, s.address, s.host_id, s.capacity_bytes)
+        epoch = self._submit(context, ("register", record))
+        self.liveness.beat(s.id)
+        log.info("master.registered server=%s address=%s epoch=%d", s.id, s.address, epoch)
+        return pb.RegisterReply(id=s.id, epoch=epoch)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
+        if not self.group.is_leader():
+            self._redirect(context)
+        record = self.group.state.servers.get(request.id)
+        if record is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"server {request.id!r} is not registered; Register first")
+        self.liveness.beat(request.id)
+        return pb.HeartbeatReply(epoch=self.group.state.epoch, state=STATE_TO_PB[record.state])
+
+    def GetClusterMap(self, request: pb.GetClusterMapRequest, context: Any) -> pb.ClusterMap:
+        state = self.group.state
+        epoch = state.epoch
+        if request.since_epoch == epoch and epoch:
+            return pb.ClusterMap(epoch=epoch, changed=False)
+        return pb.ClusterMap(epoch=epoch, changed=True,
+                             servers=[server_pb(s) for s in list(state.servers.values())])
+
+    def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainReply:
+        if request.id not in self.group.state.servers:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no server {request.id!r} to drain")
+        return pb.DrainReply(epoch=self._submit(context, ("set_state", request.id, "draining")))
+
+    def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
+        state, leader = self.group.state, self.group.leader()
+        return pb.StatusReply(self_raft=self.group.self_addr, leader_raft=leader or "",
+                              leader_grpc=state.masters.get(leader or "", ""),
+                              is_leader=self.group.is_leader(), epoch=state.epoch,
+                              raft_term=self.group.term(),
+                              servers=[server_pb(s) for s in list(state.servers.values())])
+
+    def _submit(self, context: Any, command: tuple) -> int:
+        try:
+            return self.group.submit(command)
+        except MasterError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    def _redirect(self, context: Any) -> None:
+        leader = self.group.leader()
+        target = self.group.state.masters.get(leader or "", "")
+        context.set_trailing_metadata(((LEADER_KEY, target),))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"not the leader; the leader is {target or 'unknown (election running)'}")
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Refuses every call whose ``gcache-token`` metadata is missing or wrong."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        given = metadata.get(TOKEN_KEY)
+        if given is None:
+            return _refusal("cluster token missing: send it in the gcache-token metadata")
+        if not hmac.compare_digest(given.encode(), self._token):
+            return _refusal("cluster token wrong")
+        return continuation(handler_call_details)
+
+
+def _refusal(message: str) -> grpc.RpcMethodHandler:
+    def abort(request: Any, context: Any) -> None:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    return grpc.unary_unary_rpc_method_handler(abort)

@@ -1,0 +1,70 @@
+"""The client's copy of the cluster map, kept current from the masters.
+
+``MapFollower`` fetches the map once at start (briefly waiting for a master), then asks every
+``refresh_s`` whether the epoch moved (``GetClusterMap(since_epoch)``: an unchanged map costs a
+few bytes). A new map rebuilds the ring over the servers that are alive or suspect, weighted by
+capacity. When no master answers, the client keeps placing keys on its cached map, so a master
+failover or outage never stalls IO; a server that died meanwhile costs fast misses until a
+master answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from gcache.errors import MasterError
+from gcache.proto import master_pb2 as pb
+from gcache.transport.master_rpc import MasterLink
+
+log = logging.getLogger(__name__)
+
+IN_MAP = (pb.ALIVE, pb.SUSPECT)
+FIRST_FETCH_S = 5.0       # how long a new client waits for its first map before starting empty
+
+
+class MapFollower(threading.Thread):
+    def __init__(self, link: MasterLink,
+                 apply: Callable[[int, dict[str, tuple[str, float]]], None], *,
+                 refresh_s: float) -> None:
+        super().__init__(name="gcache-map", daemon=True)
+        self.link, self.apply, self.refresh_s = link, apply, refresh_s
+        self.epoch = 0
+        self._halt = threading.Event()
+        self._first = threading.Event()
+
+    def start(self) -> None:
+        super().start()
+        if not self._first.wait(FIRST_FETCH_S):
+            log.warning("map.none_yet masters=%s: every request misses until one answers",
+                        ",".join(self.link.addresses))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+        self.link.close()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.refresh()
+            except MasterError as exc:
+                log.warning("map.refresh_failed epoch=%d error=%s", self.epoch, exc)
+            except Exception:      # the thread's top level: keep the cached map
+                log.exception("map.refresh_crashed")
+            self._halt.wait(self.refresh_s)
+
+    def refresh(self) -> bool:
+        """Fetch the map if its epoch moved; True when it changed."""
+        reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest(since_epoch=self.epoch))
+        if not reply.changed:
+            self._first.set()
+            return False
+        members = {s.id: (s.address, float(s.capacity_bytes)) for s in reply.servers
+                   if s.state in IN_MAP}
+        self.apply(reply.epoch, members)
+        log.info("map.updated epoch=%d servers=%d", reply.epoch, len(members))
+        self.epoch = reply.epoch
+        self._first.set()
+        return True

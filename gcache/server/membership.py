@@ -1,0 +1,81 @@
+"""A data server's membership: register with the masters, then heartbeat, for good.
+
+The server's id is chosen once and kept in a file (next to the cold tier when there is one, else
+next to the arena in /dev/shm), so a restarted server comes back under the same id, owns the
+same keys on the clients' ring, and serves the data its arena or disk kept. Masters being down
+costs nothing but log lines: clients keep using their cached map, and this thread registers
+again when a master answers that it does not know the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Callable
+
+from gcache.errors import MasterError, Unavailable
+from gcache.proto import master_pb2 as pb
+from gcache.transport.master_rpc import STATE_NAMES, MasterLink
+
+log = logging.getLogger(__name__)
+
+
+def load_or_create_id(path: str) -> str:
+    """The id stored at ``path``, or a new one written there."""
+    try:
+        with open(path, encoding="ascii") as f:
+            existing = f.read().strip()
+        if existing:
+            return existing
+    except FileNotFoundError:
+        pass
+    server_id = f"s-{uuid.uuid4().hex[:12]}"
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(server_id + "\n")
+    os.replace(tmp, path)
+    return server_id
+
+
+class Membership(threading.Thread):
+    def __init__(self, link: MasterLink, record: pb.Server, *, interval_s: float,
+                 on_state: Callable[[str], None] | None = None) -> None:
+        super().__init__(name="gcache-membership", daemon=True)
+        self.link, self.record, self.interval_s = link, record, interval_s
+        self.on_state = on_state
+        self.state = "unregistered"
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+        self.link.close()
+
+    def run(self) -> None:
+        registered = False
+        while not self._halt.is_set():
+            try:
+                if not registered:
+                    reply = self.link.call("Register", pb.RegisterRequest(server=self.record))
+                    log.info("membership.registered id=%s epoch=%d", self.record.id, reply.epoch)
+                    registered = True
+                    self._set_state("alive")
+                reply = self.link.call("Heartbeat", pb.HeartbeatRequest(id=self.record.id))
+                self._set_state(STATE_NAMES.get(reply.state, "alive"))
+            except Unavailable as exc:
+                log.warning("membership.no_master error=%s", exc)
+            except MasterError as exc:
+                log.warning("membership.refused error=%s", exc)
+                registered = registered and "not registered" not in str(exc)
+            except Exception:      # the thread's top level: log, keep beating
+                log.exception("membership.failed")
+            self._halt.wait(self.interval_s)
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            log.info("membership.state id=%s %s -> %s", self.record.id, self.state, state)
+            self.state = state
+            if self.on_state is not None:
+                self.on_state(state)

@@ -1,0 +1,141 @@
+"""Three real masters and real data servers on loopback: membership, failures, failover."""
+
+import time
+
+import pytest
+
+from gcache import Client
+from gcache.cli.local_cluster import LocalCluster
+from gcache.cli.local_masters import LocalMasters
+from gcache.proto import master_pb2 as pb
+from gcache.transport.master_rpc import MasterLink
+from tests.helpers import wait_until
+
+FAST = ("--dead-timeout", "2.0", "--heartbeat-interval", "0.5")
+
+
+@pytest.fixture
+def masters(tmp_path):
+    with LocalMasters(3, args=FAST, log_dir=str(tmp_path / "masters")) as group:
+        yield group
+
+
+def status(address: str) -> pb.StatusReply:
+    link = MasterLink([address], timeout_s=1.0)
+    try:
+        return link.call("Status", pb.StatusRequest())
+    finally:
+        link.close()
+
+
+def leader_index(masters: LocalMasters) -> int | None:
+    for member in masters.members:
+        if member.is_running():
+            try:
+                if status(member.listen).is_leader:
+                    return member.index
+            except Exception:
+                continue
+    return None
+
+
+def map_states(masters: LocalMasters) -> dict[str, str]:
+    link = MasterLink(masters.addresses, timeout_s=1.0)
+    try:
+        reply = link.call("GetClusterMap", pb.GetClusterMapRequest())
+    finally:
+        link.close()
+    names = {pb.ALIVE: "alive", pb.SUSPECT: "suspect", pb.DEAD: "dead",
+             pb.DRAINING: "draining", pb.LEFT: "left"}
+    return {s.address: names[s.state] for s in reply.servers}
+
+
+def test_three_masters_elect_one_leader_that_every_member_names(masters):
+    wait_until(lambda: leader_index(masters) is not None, timeout_s=10)
+    replies = [status(a) for a in masters.addresses]
+    assert sum(r.is_leader for r in replies) == 1
+    assert len({r.leader_raft for r in replies}) == 1
+    wait_until(lambda: all(status(a).leader_grpc for a in masters.addresses), timeout_s=10)
+
+
+def test_servers_join_and_clients_follow_the_map(masters, tmp_path):
+    with LocalCluster(3, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: sorted(map_states(masters)) == sorted(cluster.addresses), 15)
+        with Client(master=masters.spec, timeout_s=1.0) as client:
+            assert sorted(client.stats()["servers"]) == sorted(cluster.addresses)
+            keys = [f"k{i}" for i in range(60)]
+            assert all(client.batch_put(keys, [k.encode() * 10 for k in keys]))
+            assert client.batch_get(keys) == [k.encode() * 10 for k in keys]
+            per_server = [s["tier"]["objects"] for s in client.server_stats().values()]
+            assert len(per_server) == 3 and all(n > 0 for n in per_server)
+
+
+def test_a_killed_server_leaves_the_map_and_costs_misses_not_errors(masters, tmp_path):
+    with LocalCluster(3, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: len(map_states(masters)) == 3, 15)
+        with Client(master=masters.spec, timeout_s=0.5, map_refresh_s=0.2) as client:
+            keys = [f"k{i}" for i in range(90)]
+            assert all(client.batch_put(keys, [b"v"] * 90))
+            dead = cluster.addresses[1]
+            cluster.kill(1)
+            started = time.monotonic()
+            wait_until(lambda: map_states(masters)[dead] == "dead", timeout_s=10)
+            assert time.monotonic() - started < 2.0 + 2.5       # dead timeout + a check period
+            wait_until(lambda: dead not in client.stats()["servers"], timeout_s=5)
+            got = client.batch_get(keys)                        # never raises
+            assert 0 < got.count(None) < 90 and all(v in (None, b"v") for v in got)
+            assert all(client.batch_put([f"new{i}" for i in range(30)], [b"n"] * 30))
+            assert client.batch_get([f"new{i}" for i in range(30)]) == [b"n"] * 30
+
+
+def test_a_restarted_server_rejoins_with_its_id_and_its_data(masters, tmp_path):
+    with LocalCluster(2, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: len(map_states(masters)) == 2, 15)
+        ids_before = {s.address: s.id for s in status(masters.addresses[0]).servers}
+        with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+            keys = [f"k{i}" for i in range(40)]
+            assert all(client.batch_put(keys, [b"x"] * 40))
+            cluster.kill(0)
+            cluster.restart(0)
+            wait_until(lambda: map_states(masters)[cluster.addresses[0]] == "alive", 10)
+            ids_after = {s.address: s.id for s in status(masters.addresses[0]).servers}
+            assert ids_after == ids_before
+            wait_until(lambda: client.batch_get(keys) == [b"x"] * 40, timeout_s=10)
+
+
+def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(masters, tmp_path):
+    with LocalCluster(2, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: len(map_states(masters)) == 2, 15)
+        with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+            wait_until(lambda: leader_index(masters) is not None, 10)
+            old = leader_index(masters)
+            masters.kill(old)
+            killed_at, failures, ops, new_leader_s = time.monotonic(), 0, 0, None
+            while time.monotonic() - killed_at < 7.0:
+                key = f"during{ops}"
+                failures += not client.put(key, b"d") or client.get(key) != b"d"
+                ops += 1
+                if new_leader_s is None and leader_index(masters) not in (None, old):
+                    new_leader_s = time.monotonic() - killed_at
+            assert failures == 0 and ops > 50
+            assert new_leader_s is not None and new_leader_s < 5.0
+            assert sorted(map_states(masters).values()) == ["alive", "alive"]
+            assert client.stats()["misses"] == 0
+
+
+def test_with_every_master_down_clients_keep_their_map(masters, tmp_path):
+    with LocalCluster(2, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: len(map_states(masters)) == 2, 15)
+        with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+            for i in range(3):
+                masters.kill(i)
+            time.sleep(1.0)
+            keys = [f"k{i}" for i in range(40)]
+            assert all(client.batch_put(keys, [b"m"] * 40))
+            assert client.batch_get(keys) == [b"m"] * 40
+            assert sorted(client.stats()["servers"]) == sorted(cluster.addresses)
