@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench replay redis clean
+.PHONY: run test bench replay redis proto clean
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -27,6 +27,7 @@ redis:
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
 	$(PY) bench/tiers.py
+	$(PY) bench/master.py
 	$(PY) bench/update_readme.py
 
 # Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.
@@ -34,6 +35,10 @@ replay: $(STAMP)
 	$(VENV)/bin/gcache replay --cluster --out bench/results/replay-latest.json \
 	  --plot bench/results/replay-latest.png
 	$(PY) bench/update_readme.py
+
+# Regenerate the master's gRPC code after editing gcache/proto/master.proto.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. gcache/proto/master.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

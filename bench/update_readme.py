@@ -128,7 +128,20 @@ def render_tiers(report: dict) -> str:
     return "\n".join(lines)
 
 
+def render_master(report: dict) -> str:
+    beats, fail = report["heartbeats"], report["failover"]
+    return (f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs: three "
+            f"`gcache-master`s on loopback; {beats['servers']} simulated servers beating once "
+            f"a second from one process ({beats['beats_per_s']:.0f} beats/s over "
+            f"{beats['seconds']:.0f} s): leader CPU {beats['leader_cpu_fraction']:.0%} of one "
+            f"core, heartbeat latency p50 {beats['heartbeat_p50_ms']:.2f} ms, p99 "
+            f"{beats['heartbeat_p99_ms']:.2f} ms. After a SIGKILL of the leader: first "
+            f"successful cluster-map read {fail['first_map_read_s'] * 1e3:.0f} ms (followers "
+            f"answer reads), new leader {fail['new_leader_s']:.2f} s.")
+
+
 SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
+            "master": ("master-latest.json", render_master),
             "replay": ("replay-latest.json", render_replay),
             "tiers": ("tiers-latest.json", render_tiers)}
 

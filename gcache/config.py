@@ -166,8 +166,12 @@ class MasterConfig:
     heartbeat_interval_s: float = 1.0       # how often servers beat
     suspect_beats: int = 3                  # missed beats before a server is suspect
     dead_timeout_s: float = 5.0             # seconds without a beat before a server is dead
+    metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
 
     def __post_init__(self) -> None:
+        _check("metrics_listen", self.metrics_listen,
+               self.metrics_listen == "" or _is_address(self.metrics_listen),
+               "must be HOST:PORT or empty")
         for key in ("listen", "raft"):
             _check(key, getattr(self, key), _is_address(getattr(self, key)), "must be HOST:PORT")
         for address in self.peers:
@@ -186,9 +190,9 @@ class MasterConfig:
                self.dead_timeout_s > self.suspect_beats * self.heartbeat_interval_s,
                "must exceed suspect_beats × heartbeat_interval_s")
         if self.token is None:
-            for key in ("listen", "raft"):
+            for key in ("listen", "raft", "metrics_listen"):
                 address = getattr(self, key)
-                _check(key, address, _is_loopback(address),
+                _check(key, address, address == "" or _is_loopback(address),
                        "is not a loopback address; without a cluster token (--token, "
                        "GCACHE_TOKEN or the config file) a master listens on loopback only")
 

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN: flags show in ps)")
     parser.add_argument("--dead-timeout", dest="dead_timeout_s", help="seconds")
     parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
+    parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
     parser.add_argument("--config", help="TOML file with a [master] section")
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("master.config %s", " ".join(f"{k}={v}" for k, v in redacted(config).items()))
     group = RaftGroup(config.raft, config.peers or (config.raft,), config.data_dir)
     liveness = Liveness(group, config)
+    if config.metrics_listen:
+        from gcache.master.metrics import serve_metrics
+        serve_metrics(config.metrics_listen, group)
     interceptors = (TokenCheck(config.token),) if config.token else ()
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)

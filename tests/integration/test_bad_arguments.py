@@ -46,8 +46,12 @@ def test_out_smaller_than_the_value_is_a_value_error_and_the_client_recovers(cli
 
 
 def test_client_construction_rules():
-    with pytest.raises(ValueError, match="servers is empty"):
+    with pytest.raises(ValueError, match="give either servers"):
         Client([])
+    with pytest.raises(ValueError, match="give either servers"):
+        Client(["127.0.0.1:1"], master="127.0.0.1:2")
+    with pytest.raises(ValueError, match="master"):
+        Client(master="nonsense")
     with pytest.raises(TypeError, match="not one str"):
         Client("127.0.0.1:1")
     with pytest.raises(ValueError, match="HOST:PORT"):

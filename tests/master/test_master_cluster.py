@@ -106,8 +106,12 @@ def test_a_restarted_server_rejoins_with_its_id_and_its_data(masters, tmp_path):
             wait_until(lambda: client.batch_get(keys) == [b"x"] * 40, timeout_s=10)
 
 
-def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(masters, tmp_path):
-    with LocalCluster(2, memory="64MiB", master=masters.spec,
+def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(tmp_path):
+    # The default dead timeout (5 s): a loaded test machine must not turn a late beat into a
+    # death, which would move keys and make this test about something else.
+    with LocalMasters(3, args=("--heartbeat-interval", "0.5"),
+                      log_dir=str(tmp_path / "masters")) as masters, \
+            LocalCluster(2, memory="64MiB", master=masters.spec,
                       log_dir=str(tmp_path / "servers")) as cluster:
         wait_until(lambda: len(map_states(masters)) == 2, 15)
         with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
@@ -123,7 +127,7 @@ def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(masters, tmp_path)
                     new_leader_s = time.monotonic() - killed_at
             assert failures == 0 and ops > 50
             assert new_leader_s is not None and new_leader_s < 5.0
-            assert sorted(map_states(masters).values()) == ["alive", "alive"]
+            assert set(map_states(masters).values()) <= {"alive", "suspect"}
             assert client.stats()["misses"] == 0
 
 
@@ -139,3 +143,15 @@ def test_with_every_master_down_clients_keep_their_map(masters, tmp_path):
             assert all(client.batch_put(keys, [b"m"] * 40))
             assert client.batch_get(keys) == [b"m"] * 40
             assert sorted(client.stats()["servers"]) == sorted(cluster.addresses)
+
+
+def test_a_master_serves_prometheus_metrics(tmp_path):
+    import urllib.request
+
+    from gcache.cli.local_masters import free_port
+    metrics = f"127.0.0.1:{free_port()}"
+    with LocalMasters(1, args=("--metrics-listen", metrics), log_dir=str(tmp_path)) as group:
+        wait_until(lambda: leader_index(group) == 0, timeout_s=10)
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+    assert "gcache_master_is_leader 1.0" in text
+    assert 'gcache_master_servers{state="alive"} 0.0' in text

@@ -1,0 +1,36 @@
+"""Prometheus metrics of a master, read from the Raft group at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gcache.master.raft import RaftGroup
+from gcache.master.state import STATES
+
+
+class MasterCollector(Collector):
+    def __init__(self, group: RaftGroup) -> None:
+        self._group = group
+
+    def collect(self):
+        state = self._group.state
+        yield GaugeMetricFamily("gcache_master_is_leader", "1 on the Raft leader",
+                                value=int(self._group.is_leader()))
+        yield GaugeMetricFamily("gcache_master_raft_term", "current Raft term",
+                                value=self._group.term())
+        yield GaugeMetricFamily("gcache_master_map_epoch", "cluster map epoch", value=state.epoch)
+        servers = GaugeMetricFamily("gcache_master_servers", "data servers by state",
+                                    labels=["state"])
+        records = list(state.servers.values())
+        for name in STATES:
+            servers.add_metric([name], sum(r.state == name for r in records))
+        yield servers
+
+
+def serve_metrics(address: str, group: RaftGroup) -> None:
+    """Register the collector and serve /metrics on ``address`` from a daemon thread."""
+    REGISTRY.register(MasterCollector(group))
+    host, _, port = address.rpartition(":")
+    start_http_server(int(port), addr=host)
