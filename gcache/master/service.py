@@ -1,6 +1,7 @@
 """The master's gRPC service (``gcache/proto/master.proto``) and its token check.
 
-Reads (GetClusterMap, Status) are answered from this member's applied state. Register and Drain
+Reads (GetClusterMap, Status) are answered from this member's applied state, which may lag
+the leader's by a few entries; clients never move to a map older than the one they have. Register and Drain
 are Raft commands, which pysyncobj forwards to the leader from any member. Heartbeat lives in
 the leader's memory, so a follower refuses it with FAILED_PRECONDITION and names the leader's
 gRPC address in the ``gcache-leader`` trailing metadata; ``transport.master_rpc`` follows it.

@@ -58,7 +58,8 @@ class MapFollower(threading.Thread):
     def refresh(self) -> bool:
         """Fetch the map if its epoch moved; True when it changed."""
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest(since_epoch=self.epoch))
-        if not reply.changed:
+        if not reply.changed or reply.epoch < self.epoch:
+            # An older map comes from a member that has not caught up: never go back to it.
             self._first.set()
             return False
         members = {s.id: (s.address, float(s.capacity_bytes)) for s in reply.servers

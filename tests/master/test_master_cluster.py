@@ -125,7 +125,7 @@ def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(tmp_path):
                 ops += 1
                 if new_leader_s is None and leader_index(masters) not in (None, old):
                     new_leader_s = time.monotonic() - killed_at
-            assert failures == 0 and ops > 50
+            assert failures == 0 and ops > 50, client.stats()
             assert new_leader_s is not None and new_leader_s < 5.0
             assert set(map_states(masters).values()) <= {"alive", "suspect"}
             assert client.stats()["misses"] == 0
