@@ -1,13 +1,13 @@
 """Real ``gcache-master`` processes on loopback forming one Raft group, for tests and demos.
 
-Raft members must know each other's addresses before they start, so ports are reserved by
-binding port 0 and releasing it just before launch (a small race on a busy machine; a launch
-that loses it fails loudly). Every process started here is ended here, by its PID.
+Raft members must know each other's addresses before they start, so ports are chosen ahead:
+free ones below the kernel's ephemeral range (a launch that still loses one fails loudly). Every process started here is ended here, by its PID.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,9 +20,26 @@ READY = "gcache-master ready listen="
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now, chosen below the kernel's ephemeral range, so that no outgoing
+    connection's source port takes it between this check and the member's bind."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass
