@@ -75,6 +75,34 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    """Each master's view (leader, term, epoch) and the servers of the cluster map."""
+    import os
+
+    from gcache.proto import master_pb2 as pb
+    from gcache.transport.master_rpc import STATE_NAMES, MasterLink, parse_masters
+
+    token = args.token or os.environ.get("GCACHE_TOKEN")
+    masters = parse_masters(args.master)
+    servers = None
+    for address in masters:
+        link = MasterLink([address], token=token, timeout_s=args.timeout)
+        try:
+            reply = link.call("Status", pb.StatusRequest())
+        except GCacheError as exc:
+            print(f"master {address}: {exc}")
+            continue
+        finally:
+            link.close()
+        role = "leader" if reply.is_leader else f"follower (leader {reply.leader_grpc or '?'})"
+        print(f"master {address}: {role}, raft term {reply.raft_term}, epoch {reply.epoch}")
+        servers = servers or reply.servers
+    for server in servers or ():
+        print(f"server {server.id}: {server.address} {STATE_NAMES.get(server.state, '?')} "
+              f"capacity={server.capacity_bytes} host={server.host_id}")
+    return 0 if servers is not None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gcache", description="GCache command line")
     parser.add_argument("--log-level", default="WARNING")
@@ -100,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "put":
             cmd.add_argument("file")
         cmd.set_defaults(run=fn)
+    status = sub.add_parser("status", help="the masters' view of the cluster")
+    status.add_argument("--master", required=True, help="HOST:PORT[,HOST:PORT...]")
+    status.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN)")
+    status.add_argument("--timeout", type=float, default=2.0)
+    status.set_defaults(run=_status)
     replay.add_parser(sub)
     return parser
 

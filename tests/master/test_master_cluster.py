@@ -155,3 +155,16 @@ def test_a_master_serves_prometheus_metrics(tmp_path):
         text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
     assert "gcache_master_is_leader 1.0" in text
     assert 'gcache_master_servers{state="alive"} 0.0' in text
+
+
+def test_gcache_status_prints_the_masters_and_the_map(masters, tmp_path):
+    import subprocess
+    import sys
+    with LocalCluster(1, memory="64MiB", master=masters.spec,
+                      log_dir=str(tmp_path / "servers")) as cluster:
+        wait_until(lambda: len(map_states(masters)) == 1, 15)
+        out = subprocess.run([sys.executable, "-m", "gcache.cli", "status", "--master",
+                              masters.spec], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("leader,") == 1 and out.stdout.count("follower") == 2
+    assert f"{cluster.addresses[0]} alive" in out.stdout
