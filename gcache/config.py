@@ -76,6 +76,7 @@ class ServerConfig:
     master: tuple[str, ...] = ()            # gRPC HOST:PORT of the masters; () is static mode
     advertise: str = ""                     # HOST:PORT clients reach; "" is the listen address
     heartbeat_interval_s: float = 1.0       # seconds between heartbeats to the master
+    group_width: int = 2                    # as the clients': a drain places keys like them
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -89,6 +90,7 @@ class ServerConfig:
                "must be HOST:PORT or empty")
         _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
                "must be positive")
+        _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,

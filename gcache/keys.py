@@ -33,6 +33,13 @@ def key_hash(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def group_hash(group: bytes | None) -> int:
+    """What a put carries and a server stores of the key's placement group: its placement
+    hash, or 0 for a key placed by itself (a group hashing to 0 is a 2^-64 chance, and would
+    only be handed over as if ungrouped when its server drains)."""
+    return 0 if group is None else key_hash(group)
+
+
 def checksum(data: bytes | memoryview) -> int:
     """xxh3_64 of a value's bytes, as carried in frames and object headers."""
     return xxhash.xxh3_64_intdigest(data)

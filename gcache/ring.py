@@ -2,9 +2,12 @@
 
 Each server gets virtual nodes in proportion to its capacity, at points ``xxh3_64(address#i)``.
 A key is owned by the first virtual node clockwise of ``xxh3_64(key)``. With a ``group`` the
-placement key is the group: its keys are striped over the first ``group_width`` *distinct*
-servers clockwise of the group's hash, chosen per key by ``xxh3_64(key) % width``, so one prefix
-tree lives on a small set of servers and one host failure touches only the groups it holds.
+placement key is the group: a group has ``group_width`` slots, each placed on the ring on its own
+(slot j at ``xxh3_64(group_hash ‖ j)``), and a key goes to slot ``xxh3_64(key) % width``. So one
+prefix tree lives on at most ``width`` servers, one host failure touches only the groups it
+holds, and — because every slot is an ordinary consistent-hash lookup — a server leaving moves
+only the keys it held (a drain hands over exactly those). Two slots may land on one server; the
+group then simply lives on fewer.
 
 The ring is immutable; membership changes build a new one (rings are small: servers × vnodes).
 """
@@ -12,9 +15,12 @@ The ring is immutable; membership changes build a new one (rings are small: serv
 from __future__ import annotations
 
 import bisect
+import struct
 from collections.abc import Mapping, Sequence
 
 from gcache.keys import key_hash
+
+_SLOT = struct.Struct("<QH")     # a group's placement hash and a slot number
 
 
 class Ring:
@@ -60,10 +66,14 @@ class Ring:
 
     def owner(self, key: bytes, *, group: bytes | None = None, group_width: int = 2) -> str | None:
         """The server that holds ``key`` (None on an empty ring)."""
-        if group is None:
+        return self.owner_by_hash(key, 0 if group is None else key_hash(group),
+                                  group_width=group_width)
+
+    def owner_by_hash(self, key: bytes, group_hash: int, *, group_width: int = 2) -> str | None:
+        """``owner`` from the group's placement hash (0: no group), as servers store it."""
+        if group_hash == 0:
             owners = self.successors(key_hash(key), 1)
             return owners[0] if owners else None
-        stripe = self.successors(key_hash(group), group_width)
-        if not stripe:
-            return None
-        return stripe[key_hash(key) % len(stripe)]
+        slot = key_hash(key) % group_width
+        owners = self.successors(key_hash(_SLOT.pack(group_hash, slot)), 1)
+        return owners[0] if owners else None

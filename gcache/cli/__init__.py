@@ -103,6 +103,34 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if servers is not None else 1
 
 
+def _drain(args: argparse.Namespace) -> int:
+    """Mark a server draining and wait until it has handed its keys over and left."""
+    import os
+    import time
+
+    from gcache.proto import master_pb2 as pb
+    from gcache.transport.master_rpc import MasterLink, parse_masters
+
+    link = MasterLink(parse_masters(args.master),
+                      token=args.token or os.environ.get("GCACHE_TOKEN"), timeout_s=5.0)
+    try:
+        link.call("Drain", pb.DrainRequest(id=args.server_id))
+        print(f"gcache drain: {args.server_id} is draining", file=sys.stderr)
+        deadline = time.monotonic() + args.wait
+        while time.monotonic() < deadline:
+            servers = link.call("Status", pb.StatusRequest()).servers
+            state = next((s.state for s in servers if s.id == args.server_id), None)
+            if state == pb.LEFT:
+                print(f"gcache drain: {args.server_id} handed its keys over and left")
+                return 0
+            time.sleep(0.5)
+    finally:
+        link.close()
+    print(f"gcache drain: {args.server_id} has not left after {args.wait:.0f}s; see its log "
+          "(handoff.*) and run drain again", file=sys.stderr)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gcache", description="GCache command line")
     parser.add_argument("--log-level", default="WARNING")
@@ -133,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN)")
     status.add_argument("--timeout", type=float, default=2.0)
     status.set_defaults(run=_status)
+    drain = sub.add_parser("drain", help="move a server's keys to their other owners, then "
+                           "retire it")
+    drain.add_argument("server_id")
+    drain.add_argument("--master", required=True, help="HOST:PORT[,HOST:PORT...]")
+    drain.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN)")
+    drain.add_argument("--wait", type=float, default=300.0, help="seconds to wait for it")
+    drain.set_defaults(run=_drain)
     replay.add_parser(sub)
     return parser
 

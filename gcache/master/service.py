@@ -75,6 +75,14 @@ class MasterService(pb_grpc.MasterServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server {request.id!r} to drain")
         return pb.DrainReply(epoch=self._submit(context, ("set_state", request.id, "draining")))
 
+    def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
+        record = self.group.state.servers.get(request.id)
+        if record is None or record.state != "draining":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"server {request.id!r} can leave only after a drain; it is "
+                          f"{record.state if record else 'unknown'}")
+        return pb.LeaveReply(epoch=self._submit(context, ("set_state", request.id, "left")))
+
     def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
         state, leader = self.group.state, self.group.leader()
         return pb.StatusReply(self_raft=self.group.self_addr, leader_raft=leader or "",

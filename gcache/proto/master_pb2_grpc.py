@@ -54,6 +54,11 @@ class MasterStub:
                 request_serializer=gcache_dot_proto_dot_master__pb2.DrainRequest.SerializeToString,
                 response_deserializer=gcache_dot_proto_dot_master__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/gcache.master.Master/Leave',
+                request_serializer=gcache_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.LeaveReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/gcache.master.Master/Status',
                 request_serializer=gcache_dot_proto_dot_master__pb2.StatusRequest.SerializeToString,
@@ -88,6 +93,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -116,6 +127,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=gcache_dot_proto_dot_master__pb2.DrainRequest.FromString,
                     response_serializer=gcache_dot_proto_dot_master__pb2.DrainReply.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.LeaveRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.LeaveReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -231,6 +247,33 @@ class Master:
             '/gcache.master.Master/Drain',
             gcache_dot_proto_dot_master__pb2.DrainRequest.SerializeToString,
             gcache_dot_proto_dot_master__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/Leave',
+            gcache_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

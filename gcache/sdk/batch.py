@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gcache.frame import Status
-from gcache.keys import checksum
+from gcache.keys import checksum, group_hash
 from gcache.sdk import protocol, shm_exchange
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
 from gcache.sdk.outcome import put_outcome, read_outcome
@@ -29,6 +29,7 @@ Held = tuple[Link, list[int], list[Extent | None]]
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
               group: bytes | None) -> list[bool]:
     results = [False] * len(keys)
+    placement = group_hash(group)
 
     def start(address: str | None, idx: list[int]) -> Held | None:
         d.stats.request("put", len(idx))
@@ -40,12 +41,13 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
                 for i in idx:
                     shm_exchange.needs_shm(ch, values[i], f"values[{i}]")
                 return protocol.batch_put(ch, [keys[i] for i in idx], [values[i] for i in idx],
-                                          [checksum(values[i]) for i in idx])
+                                          [checksum(values[i]) for i in idx], group=placement)
 
             _finish_puts(d, link, idx, d.run(link, over_tcp, len(idx)), values, results)
             return None
         extents = d.run(link, lambda ch: shm_exchange.alloc_many(
-            ch, [keys[i] for i in idx], [shm_exchange.size_of(values[i]) for i in idx]), len(idx))
+            ch, [keys[i] for i in idx], [shm_exchange.size_of(values[i]) for i in idx],
+            group=placement), len(idx))
         return None if isinstance(extents, Miss) else (link, idx, extents)
 
     held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)

@@ -25,7 +25,7 @@ from typing import Any
 from gcache.buffer import as_memoryview
 from gcache.config import ClientConfig
 from gcache.frame import Status
-from gcache.keys import validate_key
+from gcache.keys import group_hash, validate_key
 from gcache.sdk import batch, protocol, shm_exchange
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher
@@ -123,11 +123,13 @@ class Client:
     def _put(self, key: bytes, value: Any, group: bytes | None) -> bool:
         self._stats.request("put")
 
+        placement = group_hash(group)
+
         def exchange(ch: Channel) -> Status:
             shm_exchange.needs_shm(ch, value, "value")
             if ch.mapping is not None:
-                return shm_exchange.write_value(ch, key, value)
-            return protocol.put(ch, key, value, io_size=self.config.io_size)
+                return shm_exchange.write_value(ch, key, value, group=placement)
+            return protocol.put(ch, key, value, io_size=self.config.io_size, group=placement)
 
         return put_outcome(self._stats, self._d.call(self._d.owner(key, group), exchange),
                            shm_exchange.size_of(value))

@@ -77,7 +77,7 @@ class Channel:
         return self.conn.recv_exact(header.payload_len, timeout_s=self.timeout_s)
 
 
-def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int) -> Status:
+def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int = 0) -> Status:
     """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors.
 
     One PUT frame whose checksum trails the value: each ``io_size`` slice is hashed just before
@@ -85,7 +85,7 @@ def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int) -> Status:
     makes a second pass over the value.
     """
     request = ch.header(Op.PUT, key=key, payload_len=len(value) + TRAILER.size,
-                        flags=FLAG_CHECKSUM_TRAILS)
+                        flags=FLAG_CHECKSUM_TRAILS, handle=group)
     hasher = checksum_stream()
     first = value[:io_size]
     hasher.update(first)
@@ -156,11 +156,11 @@ def stat(ch: Channel) -> dict:
 
 
 def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
-              checksums: Sequence[int]) -> list[Status]:
+              checksums: Sequence[int], *, group: int = 0) -> list[Status]:
     table = b"".join(PUT_ENTRY.pack(len(k), len(v), c)
                      for k, v, c in zip(keys, values, checksums))
     reply = ch.reply(ch.request(Op.BATCH_PUT, payload=(table, b"".join(keys), *values),
-                                count=len(keys)))
+                                count=len(keys), handle=group))
     raise_for_status(reply, "BATCH_PUT")
     statuses = ch.payload(reply)
     if len(statuses) != len(keys):

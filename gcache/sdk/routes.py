@@ -15,9 +15,8 @@ import json
 import threading
 from dataclasses import dataclass
 
-from gcache.errors import AuthFailed, ConnectFailed, ProtocolError
-from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
-                          unpack_header)
+from gcache.errors import ConnectFailed, ProtocolError
+from gcache.transport.handshake import handshake
 from gcache.transport.shm import ArenaMapping, connect_unix, host_id
 from gcache.transport.stream import StreamConnection, close_fd
 from gcache.transport.tcp import connect
@@ -80,7 +79,7 @@ class Routes:
         """A TCP connection past the handshake; its HELLO facts go into ``facts`` if given."""
         conn = connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
         try:
-            payload, _ = _handshake(conn, self._timeout_s, self._token)
+            payload, _ = handshake(conn, self._timeout_s, self._token)
         except BaseException:
             conn.close()
             raise
@@ -106,7 +105,7 @@ class Routes:
         return self.connect(address)
 
     def _map_arena(self, address: str, conn: StreamConnection) -> ArenaMapping:
-        payload, fds = _handshake(conn, self._timeout_s, self._token, with_fds=True)
+        payload, fds = handshake(conn, self._timeout_s, self._token, with_fds=True)
         facts = json.loads(bytes(payload))
         if len(fds) != 1:
             for fd in fds:
@@ -121,36 +120,3 @@ class Routes:
         with self._lock:
             self._mappings[address] = mapping
         return mapping
-
-
-def _handshake(conn: StreamConnection, timeout_s: float, token: str | None, *,
-               with_fds: bool = False) -> tuple[bytearray, list[int]]:
-    """HELLO, and AUTH when the server asks for it; the facts payload and any descriptors.
-
-    Raises AuthFailed when the server wants a token we lack or refuses ours."""
-    reply, payload, fds = _exchange(conn, Header(Op.HELLO, 1), b"", timeout_s, with_fds)
-    if reply.status == Status.AUTH_REQUIRED:
-        if token is None:
-            raise AuthFailed(f"{conn.peer} requires a cluster token and this client has none")
-        proof = auth_proof(token, bytes(payload))
-        request = Header(Op.AUTH, 2, payload_len=len(proof))
-        reply, payload, fds = _exchange(conn, request, proof, timeout_s, with_fds)
-    if reply.status == Status.AUTH_FAILED:
-        raise AuthFailed(f"{conn.peer} refused this client's cluster token")
-    raise_for_status(reply, "HELLO")
-    return payload, fds
-
-
-def _exchange(conn: StreamConnection, request: Header, payload: bytes, timeout_s: float,
-              with_fds: bool) -> tuple[Header, bytearray, list[int]]:
-    conn.send((request.pack(), payload), timeout_s=timeout_s)
-    if with_fds:
-        raw, fds = conn.recv_fds(HEADER_SIZE, timeout_s=timeout_s)
-    else:
-        raw, fds = conn.recv_exact(HEADER_SIZE, timeout_s=timeout_s), []
-    reply = unpack_header(raw, max_payload=1 << 20)
-    if reply.op != request.op or reply.request_id != request.request_id:
-        for fd in fds:
-            close_fd(fd)
-        raise ProtocolError(f"{request.op.name} answered with {reply.op.name}")
-    return reply, conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds

@@ -95,7 +95,7 @@ def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult
     return ReadResult(target, extent.length, ok)
 
 
-def write_value(ch: Channel, key: bytes, value: Any) -> Status:
+def write_value(ch: Channel, key: bytes, value: Any, *, group: int = 0) -> Status:
     """ALLOC, copy, COMMIT; returns OK, NO_SPACE or CHECKSUM_MISMATCH.
 
     After each copied chunk an in-place WRITE notice (no reply) lets the server hash that chunk
@@ -103,7 +103,7 @@ def write_value(ch: Channel, key: bytes, value: Any) -> Status:
     the whole value.
     """
     assert ch.mapping is not None
-    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size_of(value)))
+    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size_of(value), handle=group))
     raise_for_status_except_space(alloc, "ALLOC")
     if alloc.status != Status.OK:
         return alloc.status
@@ -139,10 +139,12 @@ def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:
     return extents
 
 
-def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Extent | None]:
+def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *,
+               group: int = 0) -> list[Extent | None]:
     """Pipelined ALLOCs; None where the server had no space."""
     extents: list[Extent | None] = []
-    for reply in _pipelined(ch, [dict(key=k, length=n) for k, n in zip(keys, sizes)], Op.ALLOC):
+    for reply in _pipelined(ch, [dict(key=k, length=n, handle=group)
+                                 for k, n in zip(keys, sizes)], Op.ALLOC):
         raise_for_status_except_space(reply, "ALLOC")
         ok = reply.status == Status.OK
         extents.append(Extent(reply.handle, reply.offset, reply.length) if ok else None)

@@ -33,8 +33,10 @@ import numpy as np
 
 from gcache.errors import ConfigError, NoSpace
 
-RECORD = struct.Struct("<IBBHQQQ")   # magic, state, reserved, key_len, length, checksum, seq
-RECORD_MAGIC = 0x4A424F47            # b"GOBJ"
+# magic, state, reserved, key_len, length, checksum, seq, group (xxh3_64 of the placement
+# group the key was put with; 0 for none): a draining server needs it to find each key's owner.
+RECORD = struct.Struct("<IBBHQQQQ")
+RECORD_MAGIC = 0x32424F47            # b"GOB2" (the first format, without group, was b"GOBJ")
 STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 SEGMENT = struct.Struct("<IIQQ")     # magic, span, claim record seq, age
 SEGMENT_MAGIC = 0x47455347           # b"GSEG"
@@ -231,9 +233,9 @@ class Arena:
     # ---- records ----------------------------------------------------------------------------
 
     def write_record_header(self, offset: int, *, state: int, key: bytes, length: int,
-                            checksum: int, seq: int) -> None:
+                            checksum: int, seq: int, group: int = 0) -> None:
         RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, 0, len(key), length, checksum,
-                         seq)
+                         seq, group)
         self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
 
     def set_record_state(self, offset: int, state: int) -> None:

@@ -17,7 +17,7 @@ from gcache.server.cold_index import ColdEntry, open_index
 
 log = logging.getLogger(__name__)
 
-META = struct.Struct("<QQQ")         # insertion number, length, checksum
+META = struct.Struct("<QQQQ")        # insertion number, length, checksum, group
 ORDER = struct.Struct(">Q")          # big-endian, so byte order is insertion order
 SIZE = struct.Struct("<Q")
 
@@ -38,7 +38,7 @@ class BlobColdStore:
         self.evicted_objects = 0
         self.failed_writes = 0
 
-    def put(self, key: bytes, value: memoryview, checksum: int) -> bool:
+    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0) -> bool:
         if len(value) > self.capacity_bytes:
             return False
         with self._lock:
@@ -48,7 +48,7 @@ class BlobColdStore:
                     pass
                 number, self._next = self._next, self._next + 1
                 self._db.put(b"v" + key, bytes(value))
-                self._db.put(b"m" + key, META.pack(number, len(value), checksum))
+                self._db.put(b"m" + key, META.pack(number, len(value), checksum, group))
                 self._db.put(b"o" + ORDER.pack(number), SIZE.pack(len(value)) + key)
                 self._bytes += len(value)
                 return True
@@ -61,8 +61,12 @@ class BlobColdStore:
         raw = self._db.get(b"m" + key)
         if raw is None:
             return None
-        _, length, checksum = META.unpack(raw)
-        return ColdEntry(length, checksum, key)
+        _, length, checksum, group = META.unpack(raw)
+        return ColdEntry(length, checksum, key, group)
+
+    def keys(self) -> list[bytes]:
+        """Every key held (a snapshot)."""
+        return [key[1:] for key, _ in self._db.items(b"m")]
 
     def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
         """As ``SegmentColdStore.read_into``; rocksdict fetches the whole value every time."""
@@ -94,7 +98,7 @@ class BlobColdStore:
         raw = self._db.get(b"m" + key)
         if raw is None:
             return False
-        number, length, _ = META.unpack(raw)
+        number, length, _, _ = META.unpack(raw)
         for k in (b"v" + key, b"m" + key, b"o" + ORDER.pack(number)):
             self._db.delete(k)
         self._bytes -= length

@@ -18,6 +18,7 @@ class ColdEntry:
     length: int            # value bytes
     checksum: int          # xxh3_64 of the value
     location: Any          # where the store keeps it (opaque to callers)
+    group: int = 0         # xxh3_64 of the placement group it was put with; 0 for none
 
 
 class RocksIndex:

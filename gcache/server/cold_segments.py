@@ -33,9 +33,9 @@ from gcache.server.cold_index import ColdEntry, open_index
 
 log = logging.getLogger(__name__)
 
-RECORD = struct.Struct("<IHQQ")        # magic, key_len, length, checksum
-RECORD_MAGIC = 0x44434F47              # b"GOCD"
-LOCATION = struct.Struct("<IQQQ")      # file number, value offset, length, checksum
+RECORD = struct.Struct("<IHQQQ")       # magic, key_len, length, checksum, group
+RECORD_MAGIC = 0x32434F47              # b"GOC2"
+LOCATION = struct.Struct("<IQQQQ")     # file number, value offset, length, checksum, group
 FILE_BYTES = 64 << 20
 
 
@@ -63,9 +63,9 @@ class SegmentColdStore:
 
     # ---- the ColdStore protocol -----------------------------------------------------------
 
-    def put(self, key: bytes, value: memoryview, checksum: int) -> bool:
+    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0) -> bool:
         """Append ``value``; False when it cannot be stored (too large, disk full)."""
-        header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum)
+        header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum, group)
         size = len(header) + len(key) + len(value)
         if size > self.capacity_bytes:
             return False
@@ -79,7 +79,7 @@ class SegmentColdStore:
                     if written != size:
                         raise OSError(f"short write of {written} of {size} bytes")
                     self._index.put(key, LOCATION.pack(self._current, offset + len(header) +
-                                                       len(key), len(value), checksum))
+                                                       len(key), len(value), checksum, group))
                     return True
                 except OSError as exc:
                     log.error("cold.write_failed attempt=%d error=%s", attempt, exc)
@@ -93,8 +93,12 @@ class SegmentColdStore:
         raw = self._index.get(key)
         if raw is None:
             return None
-        number, offset, length, checksum = LOCATION.unpack(raw)
-        return ColdEntry(length, checksum, (number, offset))
+        number, offset, length, checksum, group = LOCATION.unpack(raw)
+        return ColdEntry(length, checksum, (number, offset), group)
+
+    def keys(self) -> list[bytes]:
+        """Every key the index holds (a snapshot)."""
+        return [key for key, _ in self._index.items()]
 
     def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
         """Read ``len(out)`` bytes of ``entry``'s value from ``offset`` into ``out``; False
@@ -190,7 +194,7 @@ def _keys_in(path: str) -> list[bytes]:
         size, pos = os.fstat(fd).st_size, 0
         while pos + RECORD.size <= size:
             head = os.pread(fd, RECORD.size + MAX_KEY_BYTES, pos)
-            magic, key_len, length, _ = RECORD.unpack_from(head)
+            magic, key_len, length, _, _ = RECORD.unpack_from(head)
             end = pos + RECORD.size + key_len + length
             if magic != RECORD_MAGIC or end > size or RECORD.size + key_len > len(head):
                 break

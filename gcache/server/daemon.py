@@ -18,6 +18,7 @@ import time
 from gcache.config import ServerConfig
 from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
+from gcache.server.handoff import Handoff
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.tier import HotTier
 from gcache.server.tiered import TieredStore
@@ -51,6 +52,7 @@ class DataServer:
         self._conns: dict[StreamConnection, threading.Thread] = {}
         self._started_s = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._handoff: Handoff | None = None
         self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
@@ -73,7 +75,16 @@ class DataServer:
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
                            host_id=host_id(), capacity_bytes=self.config.memory)
         link = MasterLink(self.config.master, token=self.config.token)
-        return Membership(link, record, interval_s=self.config.heartbeat_interval_s)
+        return Membership(link, record, interval_s=self.config.heartbeat_interval_s,
+                          on_state=self._membership_changed)
+
+    def _membership_changed(self, state: str) -> None:
+        """A drain starts the handoff once; having left, the server stops (exit code 0)."""
+        if state == "draining" and self._handoff is None:
+            link = MasterLink(self.config.master, token=self.config.token)
+            self._handoff = Handoff(self.tier, link, self.membership.record.id, self.config,
+                                    on_left=self.stop.set)
+            self._handoff.start()
 
     def _accept_loop(self, listener: TcpListener | UnixListener, arena_fd: int | None) -> None:
         while not self.stop.is_set():

@@ -114,14 +114,15 @@ class ConnectionHandler:
             self.conn.recv_into(self._scratch[:chunk], timeout_s=self.io_timeout_s)
             n_bytes -= chunk
 
-    def _recv_value(self, key: bytes, length: int, expected: int | None) -> Status:
+    def _recv_value(self, key: bytes, length: int, expected: int | None, group: int) -> Status:
         """Receive a value into a fresh extent and commit it; the status for the reply.
 
-        ``expected`` None means the checksum trails the value on the wire.
+        ``expected`` None means the checksum trails the value on the wire. ``group``: the
+        request's ``handle`` field, the placement-group hash (0: none), kept for a drain.
         """
         trailer = TRAILER.size if expected is None else 0
         try:
-            handle, _, target = self.tier.alloc(key, length, expires=False)
+            handle, _, target = self.tier.alloc(key, length, expires=False, group=group)
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
             self._drain(length + trailer)
@@ -157,9 +158,9 @@ class ConnectionHandler:
 
     def _put(self, h: Header, key: bytes) -> None:
         if not h.flags & FLAG_CHECKSUM_TRAILS:
-            self._reply(h, self._recv_value(key, h.payload_len, h.checksum))
+            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.handle))
             return
-        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None))
+        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.handle))
 
     def _get(self, h: Header, key: bytes) -> None:
         leased = self.tier.lease(key, expires=False)
@@ -179,7 +180,7 @@ class ConnectionHandler:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
         try:
-            handle, offset, target = self.tier.alloc(key, h.length)
+            handle, offset, target = self.tier.alloc(key, h.length, group=h.handle)
         except NoSpace:
             self._reply(h, Status.NO_SPACE)
             return
@@ -306,7 +307,7 @@ class ConnectionHandler:
         for key_len, length, expected in entries:
             entry_key = bytes(keys_blob[pos:pos + key_len])
             pos += key_len
-            statuses.append(self._recv_value(entry_key, length, expected))
+            statuses.append(self._recv_value(entry_key, length, expected, h.handle))
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
 
     def _hello_reply(self, h: Header, key: bytes) -> None:

@@ -34,6 +34,7 @@ class Found:
     length: int
     checksum: int
     head: int          # index of the span's first segment
+    group: int = 0     # xxh3_64 of the placement group; 0 for none
 
 
 @dataclass(slots=True)
@@ -71,7 +72,7 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
     view, start = arena.view, head * arena.segment_size
     limit, pos, keys = start + span * arena.segment_size, start + SEGMENT_HEADER_BYTES, []
     while pos + RECORD.size <= limit:
-        magic, state, _, key_len, length, stored, seq = RECORD.unpack_from(view, pos)
+        magic, state, _, key_len, length, stored, seq, group = RECORD.unpack_from(view, pos)
         end = pos + record_size(key_len, length)
         if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
             break
@@ -81,7 +82,8 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
         if state == STATE_COMMITTED:
             value = value_offset(pos, key_len)
             if checksum(view[value:value + length]) == stored:
-                _keep(newest, key, seq, Found(key, seq, pos, value, length, stored, head))
+                _keep(newest, key, seq,
+                      Found(key, seq, pos, value, length, stored, head, group))
             else:
                 out.dropped_corrupt += 1
                 log.error("recovery.checksum_mismatch bytes=%d offset=%d", length, value)

@@ -45,6 +45,7 @@ class Entry:
     checksum: int      # xxh3_64 of the value
     head: Segment      # span holding the record
     read: bool = False  # leased since it was (re-)appended: earns a second chance
+    group: int = 0     # xxh3_64 of the placement group it was put with; 0 for none
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ class HotTier:
         for key, value in found.values.items():
             head = self.arena.segments[value.head]
             self._index[key] = Entry(key, value.record, value.value, value.length,
-                                     value.checksum, head)
+                                     value.checksum, head, group=value.group)
         self.counters.recovered_objects = len(found.values)
         self.counters.checksum_failures += found.dropped_corrupt
         log.info("tier.recovered objects=%d spans=%d corrupt=%d uncommitted=%d",
@@ -108,7 +109,7 @@ class HotTier:
     # ---- writes -----------------------------------------------------------------------------
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
-              wait_s: float = ALLOC_WAIT_S) -> tuple[int, int, memoryview]:
+              wait_s: float = ALLOC_WAIT_S, group: int = 0) -> tuple[int, int, memoryview]:
         """Reserve space for ``key``; returns a write handle, the value's arena offset and its
         memory.
 
@@ -118,9 +119,11 @@ class HotTier:
         """
         with self._lock:
             head, record = self._allocate(record_size(len(key), length), wait_s)
-            entry = Entry(key, record, value_offset(record, len(key)), length, 0, head)
+            entry = Entry(key, record, value_offset(record, len(key)), length, 0, head,
+                          group=group)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
-                                           checksum=0, seq=self.arena.next_record_seq())
+                                           checksum=0, seq=self.arena.next_record_seq(),
+                                           group=group)
             head.keys.append(key)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
@@ -182,7 +185,7 @@ class HotTier:
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
-                                           seq=self.arena.next_record_seq())
+                                           seq=self.arena.next_record_seq(), group=entry.group)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._index[entry.key] = entry
             self.counters.puts += 1
@@ -338,18 +341,23 @@ class HotTier:
             except NoSpace:
                 return False
             moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,
-                          entry.checksum, head)
+                          entry.checksum, head, group=entry.group)
             view = self.arena.view
             view[moved.value:moved.value + moved.length] = \
                 view[entry.value:entry.value + entry.length]
             self.arena.write_record_header(record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=entry.checksum,
-                                           seq=self.arena.next_record_seq())
+                                           seq=self.arena.next_record_seq(), group=entry.group)
             self.arena.set_record_state(record, STATE_COMMITTED)
             head.keys.append(entry.key)
             self._index[entry.key] = moved
             self.counters.second_chances += 1
             return True
+
+    def keys_with_groups(self) -> list[tuple[bytes, int]]:
+        """Every key in memory with its placement-group hash (a snapshot, for a drain)."""
+        with self._lock:
+            return [(key, entry.group) for key, entry in self._index.items()]
 
     def is_current(self, entry: Entry) -> bool:
         with self._lock:

@@ -69,6 +69,16 @@ class TieredStore:
         in_memory = self.hot.delete(key)
         return self._drop_cold(key) or in_memory
 
+    def keys_with_groups(self) -> list[tuple[bytes, int]]:
+        """Every key in memory or on disk with its placement-group hash (for a drain)."""
+        found = dict(self.hot.keys_with_groups())
+        for key in self.cold.keys():
+            if key not in found:
+                entry = self._cold_entry(key)
+                if entry is not None:
+                    found[key] = entry.group
+        return list(found.items())
+
     def close(self, *, unlink: bool) -> None:
         self.demoter.stop()
         try:
@@ -107,7 +117,7 @@ class TieredStore:
             return False
         try:
             handle, _, target = self.hot.alloc(key, entry.length, expires=False,
-                                               wait_s=PROMOTE_WAIT_S)
+                                               wait_s=PROMOTE_WAIT_S, group=entry.group)
         except NoSpace:
             return False
         target.release()
@@ -171,7 +181,7 @@ class TieredStore:
                 continue
             with self._guard:
                 self._in_flight.add(entry.key)
-            if self.cold.put(entry.key, value, entry.checksum):
+            if self.cold.put(entry.key, value, entry.checksum, entry.group):
                 done += 1
             else:
                 self.dropped_objects += 1

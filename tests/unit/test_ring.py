@@ -1,5 +1,7 @@
 from collections import Counter
 
+import struct
+
 import pytest
 
 from gcache.keys import key_hash
@@ -37,16 +39,30 @@ def test_removing_a_server_moves_only_its_keys():
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])
-def test_a_group_stripes_over_group_width_servers(width):
+def test_a_group_lives_on_its_slot_owners_only(width):
     ring = Ring.uniform(SERVERS)
     owners = {ring.owner(k, group=b"prefix-root", group_width=width) for k in KEYS[:2000]}
-    assert len(owners) == width
-    assert owners == set(ring.successors(key_hash(b"prefix-root"), width))
+    slots = {ring.successors(key_hash(struct.pack("<QH", key_hash(b"prefix-root"), j)), 1)[0]
+             for j in range(width)}
+    assert owners == slots and len(owners) <= width
 
 
-def test_group_width_larger_than_cluster_uses_every_server():
-    ring = Ring.uniform(SERVERS[:2])
-    assert {ring.owner(k, group=b"g", group_width=5) for k in KEYS[:500]} == set(SERVERS[:2])
+def test_groups_spread_over_about_width_servers():
+    ring = Ring.uniform(SERVERS)
+    spans = [len({ring.owner(k, group=f"g{g}".encode(), group_width=2) for k in KEYS[:64]})
+             for g in range(200)]
+    assert max(spans) == 2 and sum(spans) / len(spans) > 1.7     # slots rarely collide
+
+
+def test_removing_a_server_moves_only_the_grouped_keys_it_held():
+    before = Ring.uniform(SERVERS)
+    after = Ring.uniform(SERVERS[1:])
+    for g in range(50):
+        group = f"g{g}".encode()
+        for k in KEYS[:100]:
+            was = before.owner(k, group=group)
+            if was != SERVERS[0]:
+                assert after.owner(k, group=group) == was
 
 
 def test_empty_ring_owns_nothing_and_bad_weights_are_refused():

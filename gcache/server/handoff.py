@@ -1,0 +1,103 @@
+"""Drain: hand every key this server holds to the key's owner in the map without it, then leave.
+
+Started when a heartbeat answers that the server is draining (``gcache drain``). The map from
+the masters already leaves this server out, so clients look each key up on its new owner from
+the next map on; the handoff makes it be there. Each key is placed as clients place it: by its
+own hash, or by the placement-group hash it was put with (kept in its record since the put), over
+``group_width`` servers. Values go out as ordinary PUT frames with their checksum, so the owner
+verifies them as any write. A key that could not be handed over (its owner down or full) is
+counted and logged; the server leaves only when nothing failed, so an operator can drain again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from gcache.config import ServerConfig
+from gcache.errors import GCacheError
+from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
+from gcache.proto import master_pb2 as pb
+from gcache.ring import Ring
+from gcache.transport.handshake import handshake
+from gcache.transport.master_rpc import MasterLink
+from gcache.transport.stream import StreamConnection
+from gcache.transport.tcp import connect
+
+log = logging.getLogger(__name__)
+
+IN_MAP = (pb.ALIVE, pb.SUSPECT)
+IO_TIMEOUT_S = 10.0
+
+
+class Handoff(threading.Thread):
+    def __init__(self, tier: Any, link: MasterLink, server_id: str, config: ServerConfig, *,
+                 on_left: Callable[[], None]) -> None:
+        super().__init__(name="gcache-handoff", daemon=True)
+        self.tier, self.link, self.server_id, self.config = tier, link, server_id, config
+        self.on_left = on_left
+        self.moved = self.failed = 0
+        self._conns: dict[str, StreamConnection] = {}
+
+    def run(self) -> None:
+        try:
+            ring, address_of = self._map_without_self()
+            keys = self.tier.keys_with_groups()
+            log.info("handoff.start id=%s keys=%d servers=%d", self.server_id, len(keys),
+                     len(address_of))
+            for request_id, (key, group) in enumerate(keys, 1):
+                owner = ring.owner_by_hash(key, group, group_width=self.config.group_width)
+                if owner is None or not self._push(address_of[owner], key, group, request_id):
+                    self.failed += 1
+            log.info("handoff.done id=%s moved=%d failed=%d", self.server_id, self.moved,
+                     self.failed)
+            if self.failed == 0:
+                self.link.call("Leave", pb.LeaveRequest(id=self.server_id))
+                self.on_left()
+        except GCacheError as exc:
+            log.error("handoff.failed id=%s error=%s", self.server_id, exc)
+        except Exception:          # the thread's top level
+            log.exception("handoff.crashed id=%s", self.server_id)
+        finally:
+            for conn in self._conns.values():
+                conn.close()
+
+    def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
+        reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())
+        members = [s for s in reply.servers if s.state in IN_MAP and s.id != self.server_id]
+        ring = Ring({s.id: float(s.capacity_bytes) for s in members})
+        return ring, {s.id: s.address for s in members}
+
+    def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
+        leased = self.tier.lease(key, expires=False)
+        if leased is None:
+            return True                       # deleted or evicted meanwhile: nothing to move
+        handle, entry, view = leased
+        try:
+            conn = self._conn(address)
+            header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
+                            payload_len=len(view), handle=group, checksum=entry.checksum)
+            conn.send((header.pack(), key, view), timeout_s=IO_TIMEOUT_S)
+            reply = unpack_header(conn.recv_exact(HEADER_SIZE, timeout_s=IO_TIMEOUT_S),
+                                  max_payload=0)
+            if reply.status != Status.OK:
+                log.error("handoff.refused key=%r owner=%s status=%s", key[:64], address,
+                          reply.status.name)
+                return False
+            self.moved += 1
+            return True
+        except GCacheError as exc:
+            log.error("handoff.push_failed key=%r owner=%s error=%s", key[:64], address, exc)
+            self._conns.pop(address, None)
+            return False
+        finally:
+            view.release()
+            self.tier.release(handle)
+
+    def _conn(self, address: str) -> StreamConnection:
+        if address not in self._conns:
+            conn = connect(address, timeout_s=IO_TIMEOUT_S, io_size=self.config.io_size)
+            handshake(conn, IO_TIMEOUT_S, self.config.token)
+            self._conns[address] = conn
+        return self._conns[address]

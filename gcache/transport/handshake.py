@@ -1,0 +1,45 @@
+"""The data plane's opening exchange, shared by the SDK and by a draining server.
+
+HELLO, and AUTH (an HMAC of the server's nonce under the cluster token) when the server asks for
+one; the reply carries the server's facts as JSON and, on a Unix socket, the arena descriptor.
+"""
+
+from __future__ import annotations
+
+from gcache.errors import AuthFailed, ProtocolError
+from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
+                          unpack_header)
+from gcache.transport.stream import StreamConnection, close_fd
+
+
+def handshake(conn: StreamConnection, timeout_s: float, token: str | None, *,
+               with_fds: bool = False) -> tuple[bytearray, list[int]]:
+    """HELLO, and AUTH when the server asks for it; the facts payload and any descriptors.
+
+    Raises AuthFailed when the server wants a token we lack or refuses ours."""
+    reply, payload, fds = exchange(conn, Header(Op.HELLO, 1), b"", timeout_s, with_fds)
+    if reply.status == Status.AUTH_REQUIRED:
+        if token is None:
+            raise AuthFailed(f"{conn.peer} requires a cluster token and this client has none")
+        proof = auth_proof(token, bytes(payload))
+        request = Header(Op.AUTH, 2, payload_len=len(proof))
+        reply, payload, fds = exchange(conn, request, proof, timeout_s, with_fds)
+    if reply.status == Status.AUTH_FAILED:
+        raise AuthFailed(f"{conn.peer} refused this client's cluster token")
+    raise_for_status(reply, "HELLO")
+    return payload, fds
+
+
+def exchange(conn: StreamConnection, request: Header, payload: bytes, timeout_s: float,
+              with_fds: bool) -> tuple[Header, bytearray, list[int]]:
+    conn.send((request.pack(), payload), timeout_s=timeout_s)
+    if with_fds:
+        raw, fds = conn.recv_fds(HEADER_SIZE, timeout_s=timeout_s)
+    else:
+        raw, fds = conn.recv_exact(HEADER_SIZE, timeout_s=timeout_s), []
+    reply = unpack_header(raw, max_payload=1 << 20)
+    if reply.op != request.op or reply.request_id != request.request_id:
+        for fd in fds:
+            close_fd(fd)
+        raise ProtocolError(f"{request.op.name} answered with {reply.op.name}")
+    return reply, conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds

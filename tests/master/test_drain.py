@@ -1,0 +1,53 @@
+"""Drain: a server hands every key to its owner in the map without it, then leaves. Nothing is
+lost, grouped keys included (their group travels with them since the put)."""
+
+import subprocess
+import sys
+
+from gcache import Client
+from gcache.cli.local_cluster import LocalCluster
+from gcache.cli.local_masters import LocalMasters
+from gcache.proto import master_pb2 as pb
+from gcache.transport.master_rpc import MasterLink
+from tests.helpers import wait_until
+
+
+def servers(masters: LocalMasters) -> list:
+    link = MasterLink(masters.addresses, timeout_s=1.0)
+    try:
+        return list(link.call("Status", pb.StatusRequest()).servers)
+    finally:
+        link.close()
+
+
+def test_a_drained_server_hands_over_every_key_and_leaves(tmp_path):
+    with LocalMasters(3, log_dir=str(tmp_path / "m")) as masters, \
+            LocalCluster(3, memory="64MiB", master=masters.spec,
+                         log_dir=str(tmp_path / "s")) as cluster:
+        wait_until(lambda: len(servers(masters)) == 3, 15)
+        plain = {f"plain{i}": f"value{i}".encode() * 50 for i in range(150)}
+        grouped = {f"seq{g}/{b}": f"block{g}.{b}".encode() * 50
+                   for g in range(20) for b in range(8)}
+        with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+            assert all(client.batch_put(list(plain), list(plain.values())))
+            for g in range(20):
+                keys = [f"seq{g}/{b}" for b in range(8)]
+                assert all(client.batch_put(keys, [grouped[k] for k in keys], group=f"g{g}"))
+            victim = next(s for s in servers(masters) if s.address == cluster.addresses[1])
+            held = client.server_stats()[victim.address]["tier"]["objects"]
+            assert held > 20
+            out = subprocess.run([sys.executable, "-m", "gcache.cli", "drain", victim.id,
+                                  "--master", masters.spec, "--wait", "60"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert "left" in out.stdout
+            wait_until(lambda: not cluster.servers[1].is_running(), timeout_s=10)
+            assert cluster.servers[1].proc.returncode == 0
+            wait_until(lambda: victim.address not in client.stats()["servers"], timeout_s=5)
+            assert client.batch_get(list(plain)) == list(plain.values())
+            for g in range(20):
+                keys = [f"seq{g}/{b}" for b in range(8)]
+                assert client.batch_get(keys, group=f"g{g}") == [grouped[k] for k in keys], g
+            assert client.stats()["misses"] == 0
+        assert f"handoff.done id={victim.id} moved={held} failed=0" in \
+            cluster.tail(cluster.servers[1], 50)
