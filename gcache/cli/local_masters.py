@@ -149,6 +149,21 @@ class LocalMasters:
             return member.proc.wait(10)
 
     def stop(self) -> None:
-        for member in self.members:
-            if member.proc is not None:
-                self.terminate(member.index)
+        """SIGTERM every member at once, then wait; whatever is still running at the end (or
+        when the wait is interrupted, say by a test timeout) is SIGKILLed."""
+        try:
+            for member in self.members:
+                if member.is_running():
+                    os.kill(member.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10.0
+            for member in self.members:
+                if member.proc is not None:
+                    try:
+                        member.proc.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+        finally:
+            for member in self.members:
+                if member.is_running():
+                    os.kill(member.proc.pid, signal.SIGKILL)
+                    member.proc.wait(10)
