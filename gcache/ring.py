@@ -1,13 +1,16 @@
 """Consistent-hash ring: which server owns a key (ARCHITECTURE §3).
 
 Each server gets virtual nodes in proportion to its capacity, at points ``xxh3_64(address#i)``.
-A key is owned by the first virtual node clockwise of ``xxh3_64(key)``. With a ``group`` the
-placement key is the group: a group has ``group_width`` slots, each placed on the ring on its own
-(slot j at ``xxh3_64(group_hash ‖ j)``), and a key goes to slot ``xxh3_64(key) % width``. So one
-prefix tree lives on at most ``width`` servers, one host failure touches only the groups it
-holds, and — because every slot is an ordinary consistent-hash lookup — a server leaving moves
-only the keys it held (a drain hands over exactly those). Two slots may land on one server; the
-group then simply lives on fewer.
+The ring holds every *known* server, live or not; ``live`` says which may own keys. A key is
+owned by the first live server clockwise of ``xxh3_64(key)``. With a ``group`` the placement key
+is the group: its ``group_width`` slots are each anchored on the ring (slot j at
+``xxh3_64(group_hash ‖ j)``) and assigned distinct servers in slot order, over all known servers;
+a slot whose server is not live falls through to the next live server clockwise of its anchor. A
+key goes to slot ``xxh3_64(key) % width``. So one prefix tree lives on ``width`` servers, one host
+failure touches only the groups it holds, and, because the assignment is computed over servers
+that stay known when they die or drain, a server leaving moves only the keys it held: a drain
+hands over exactly those. (Computing the distinct assignment over live servers only would make a
+departure shift other slots too.)
 
 The ring is immutable; membership changes build a new one (rings are small: servers × vnodes).
 """
@@ -15,6 +18,7 @@ The ring is immutable; membership changes build a new one (rings are small: serv
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -26,12 +30,14 @@ _SLOT = struct.Struct("<QH")     # a group's placement hash and a slot number
 class Ring:
     """Immutable ring over ``weights`` (address -> capacity weight, any positive unit)."""
 
-    __slots__ = ("_points", "_owners", "_servers")
+    __slots__ = ("_points", "_owners", "_servers", "_live")
 
-    def __init__(self, weights: Mapping[str, float], *, vnodes: int = 64) -> None:
+    def __init__(self, weights: Mapping[str, float], *, vnodes: int = 64,
+                 live: Sequence[str] | None = None) -> None:
         if any(w <= 0 for w in weights.values()):
             raise ValueError(f"server weights must be positive, got {dict(weights)}")
         self._servers = tuple(sorted(weights))
+        self._live = frozenset(self._servers if live is None else live) & set(self._servers)
         mean = sum(weights.values()) / len(weights) if weights else 1.0
         points: list[tuple[int, str]] = []
         for address in self._servers:
@@ -49,20 +55,13 @@ class Ring:
     def servers(self) -> tuple[str, ...]:
         return self._servers
 
+    @property
+    def live(self) -> frozenset[str]:
+        return self._live
+
     def successors(self, point: int, count: int) -> list[str]:
-        """Up to ``count`` distinct servers clockwise from ``point``."""
-        if not self._points:
-            return []
-        count = min(count, len(self._servers))
-        start = bisect.bisect_left(self._points, point)
-        found: list[str] = []
-        for step in range(len(self._points)):
-            owner = self._owners[(start + step) % len(self._points)]
-            if owner not in found:
-                found.append(owner)
-                if len(found) == count:
-                    break
-        return found
+        """Up to ``count`` distinct servers (live or not) clockwise from ``point``."""
+        return list(itertools.islice(self._clockwise(point), count))
 
     def owner(self, key: bytes, *, group: bytes | None = None, group_width: int = 2) -> str | None:
         """The server that holds ``key`` (None on an empty ring)."""
@@ -72,8 +71,29 @@ class Ring:
     def owner_by_hash(self, key: bytes, group_hash: int, *, group_width: int = 2) -> str | None:
         """``owner`` from the group's placement hash (0: no group), as servers store it."""
         if group_hash == 0:
-            owners = self.successors(key_hash(key), 1)
-            return owners[0] if owners else None
+            return self._first_live(key_hash(key))
         slot = key_hash(key) % group_width
-        owners = self.successors(key_hash(_SLOT.pack(group_hash, slot)), 1)
-        return owners[0] if owners else None
+        taken: set[str] = set()
+        for j in range(slot + 1):
+            anchor = key_hash(_SLOT.pack(group_hash, j))
+            server = next((s for s in self._clockwise(anchor) if s not in taken), None)
+            if server is None:                   # fewer known servers than slots
+                server = next(self._clockwise(anchor), None)
+            if server is None:
+                return None
+            taken.add(server)
+        return server if server in self._live else self._first_live(anchor)
+
+    def _first_live(self, point: int) -> str | None:
+        return next((s for s in self._clockwise(point) if s in self._live), None)
+
+    def _clockwise(self, point: int):
+        """Distinct servers in ring order from ``point``."""
+        if not self._points:
+            return
+        start, seen = bisect.bisect_left(self._points, point), set()
+        for step in range(len(self._points)):
+            owner = self._owners[(start + step) % len(self._points)]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner

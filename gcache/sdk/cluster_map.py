@@ -2,8 +2,9 @@
 
 ``MapFollower`` fetches the map once at start (briefly waiting for a master), then asks every
 ``refresh_s`` whether the epoch moved (``GetClusterMap(since_epoch)``: an unchanged map costs a
-few bytes). A new map rebuilds the ring over the servers that are alive or suspect, weighted by
-capacity. When no master answers, the client keeps placing keys on its cached map, so a master
+few bytes). A new map rebuilds the ring over every server the map knows, weighted by
+capacity, with the alive and suspect ones owning keys (see ``gcache.ring`` for why the others
+stay on it). When no master answers, the client keeps placing keys on its cached map, so a master
 failover or outage never stalls IO; a server that died meanwhile costs fast misses until a
 master answers again.
 """
@@ -26,7 +27,7 @@ FIRST_FETCH_S = 5.0       # how long a new client waits for its first map before
 
 class MapFollower(threading.Thread):
     def __init__(self, link: MasterLink,
-                 apply: Callable[[int, dict[str, tuple[str, float]]], None], *,
+                 apply: Callable[[int, dict[str, tuple[str, float]], set[str]], None], *,
                  refresh_s: float) -> None:
         super().__init__(name="gcache-map", daemon=True)
         self.link, self.apply, self.refresh_s = link, apply, refresh_s
@@ -62,10 +63,11 @@ class MapFollower(threading.Thread):
             # An older map comes from a member that has not caught up: never go back to it.
             self._first.set()
             return False
-        members = {s.id: (s.address, float(s.capacity_bytes)) for s in reply.servers
-                   if s.state in IN_MAP}
-        self.apply(reply.epoch, members)
-        log.info("map.updated epoch=%d servers=%d", reply.epoch, len(members))
+        members = {s.id: (s.address, float(s.capacity_bytes)) for s in reply.servers}
+        live = {s.id for s in reply.servers if s.state in IN_MAP}
+        self.apply(reply.epoch, members, live)
+        log.info("map.updated epoch=%d servers=%d live=%d", reply.epoch, len(members),
+                 len(live))
         self.epoch = reply.epoch
         self._first.set()
         return True

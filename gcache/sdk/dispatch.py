@@ -74,19 +74,21 @@ class Dispatcher:
 
     # ---- placement ------------------------------------------------------------------------------
 
-    def set_members(self, epoch: int, members: dict[str, tuple[str, float]]) -> None:
-        """Place keys on ``members`` (server id -> (address, capacity weight)) from now on. The
-        ring is keyed by id, so a server that comes back at a new address keeps its keys."""
+    def set_members(self, epoch: int, members: dict[str, tuple[str, float]],
+                    live: set[str] | None = None) -> None:
+        """Place keys from now on over ``members`` (server id -> (address, capacity weight)),
+        every server the map knows; only ``live`` ones (default: all) own keys. The ring is keyed
+        by id, so a server that comes back at a new address keeps its keys."""
         ring = Ring({sid: weight for sid, (_, weight) in members.items()},
-                    vnodes=self.config.vnodes)
+                    vnodes=self.config.vnodes, live=live)
         with self._members_lock:
             self.ring, self.epoch = ring, epoch
             self._address_of = {sid: address for sid, (address, _) in members.items()}
 
     def addresses(self) -> list[str]:
-        """Data-plane addresses of the servers in the current map."""
+        """Data-plane addresses of the live servers in the current map."""
         with self._members_lock:
-            return sorted(self._address_of.values())
+            return sorted(self._address_of[sid] for sid in self.ring.live)
 
     def owner(self, key: bytes, group: bytes | None) -> str | None:
         with self._members_lock:

@@ -65,9 +65,9 @@ class Handoff(threading.Thread):
 
     def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())
-        members = [s for s in reply.servers if s.state in IN_MAP and s.id != self.server_id]
-        ring = Ring({s.id: float(s.capacity_bytes) for s in members})
-        return ring, {s.id: s.address for s in members}
+        live = [s.id for s in reply.servers if s.state in IN_MAP and s.id != self.server_id]
+        ring = Ring({s.id: float(s.capacity_bytes) for s in reply.servers}, live=live)
+        return ring, {s.id: s.address for s in reply.servers}
 
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
         leased = self.tier.lease(key, expires=False)
