@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 STATES = ("alive", "suspect", "dead", "draining", "left")
-IN_MAP = ("alive", "suspect")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +49,6 @@ class ClusterState:
             self.masters[command[1]] = command[2]
             return self.epoch
         raise ValueError(f"unknown command {op!r}")
-
-    def in_map(self) -> list[ServerRecord]:
-        return sorted((s for s in self.servers.values() if s.state in IN_MAP),
-                      key=lambda s: s.id)
 
     def _register(self, record: ServerRecord) -> int:
         record = replace(record, state="alive")

@@ -1,0 +1,36 @@
+"""The master's replicated state machine, without Raft: commands and the epoch rule."""
+
+import pytest
+
+from gcache.master.state import ClusterState, ServerRecord
+
+
+def record(server_id="s1", address="127.0.0.1:7700", capacity=1 << 30) -> ServerRecord:
+    return ServerRecord(server_id, address, "host-a", capacity)
+
+
+def test_the_epoch_moves_with_membership_and_state_only():
+    state = ClusterState()
+    assert state.apply(("register", record())) == 1
+    assert state.apply(("register", record())) == 1                # the same again: no change
+    assert state.apply(("register", record(address="127.0.0.1:7701"))) == 2
+    assert state.apply(("set_state", "s1", "suspect")) == 3
+    assert state.apply(("set_state", "s1", "suspect")) == 3
+    assert state.apply(("register", record(address="127.0.0.1:7701"))) == 4   # alive again
+    assert state.servers["s1"].state == "alive"
+    assert state.apply(("announce_master", "r1:1", "g1:1")) == 4
+    assert state.masters == {"r1:1": "g1:1"}
+
+
+def test_state_changes_of_unknown_servers_change_nothing():
+    state = ClusterState()
+    assert state.apply(("set_state", "nobody", "dead")) == 0 and not state.servers
+
+
+@pytest.mark.parametrize("command, message", [(("set_state", "s1", "sleepy"), "not one of"),
+                                              (("explode",), "unknown command")])
+def test_bad_commands_are_refused(command, message):
+    state = ClusterState()
+    state.apply(("register", record()))
+    with pytest.raises(ValueError, match=message):
+        state.apply(command)
