@@ -72,7 +72,9 @@ class Handoff(threading.Thread):
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
         leased = self.tier.lease(key, expires=False)
         if leased is None:
-            return True                       # deleted or evicted meanwhile: nothing to move
+            # Gone since the snapshot: nothing to move. Still there (on disk, with no room to
+            # promote it right now): a failure, so the server does not leave without it.
+            return not self.tier.exists(key)
         handle, entry, view = leased
         try:
             conn = self._conn(address)
