@@ -70,8 +70,9 @@ class DataServer:
 
     def _membership(self, shm_name: str) -> Membership:
         from gcache.proto import master_pb2 as pb
-        id_dir = self.config.disk_dir or "/dev/shm"
-        server_id = load_or_create_id(os.path.join(id_dir, f"{shm_name}.id"))
+        places = [os.path.join(d, f"{shm_name}.id") for d in (self.config.disk_dir, "/dev/shm")
+                  if d]
+        server_id = load_or_create_id(places)
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
                            host_id=host_id(), capacity_bytes=self.config.memory)
         link = MasterLink(self.config.master, token=self.config.token)

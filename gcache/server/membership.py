@@ -22,16 +22,22 @@ from gcache.transport.master_rpc import STATE_NAMES, MasterLink
 log = logging.getLogger(__name__)
 
 
-def load_or_create_id(path: str) -> str:
-    """The id stored at ``path``, or a new one written there."""
-    try:
-        with open(path, encoding="ascii") as f:
-            existing = f.read().strip()
-        if existing:
-            return existing
-    except FileNotFoundError:
-        pass
-    server_id = f"s-{uuid.uuid4().hex[:12]}"
+def load_or_create_id(paths: list[str]) -> str:
+    """The id stored at the first of ``paths`` that holds one (written to the first path too,
+    so adding a disk later keeps the id), or a new one written to the first path."""
+    server_id = ""
+    for path in paths:
+        try:
+            with open(path, encoding="ascii") as f:
+                server_id = f.read().strip()
+        except FileNotFoundError:
+            continue
+        if server_id:
+            break
+    path = paths[0]
+    if server_id and os.path.exists(path):
+        return server_id
+    server_id = server_id or f"s-{uuid.uuid4().hex[:12]}"
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="ascii") as f:
         f.write(server_id + "\n")

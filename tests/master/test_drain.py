@@ -51,3 +51,35 @@ def test_a_drained_server_hands_over_every_key_and_leaves(tmp_path):
             assert client.stats()["misses"] == 0
         assert f"handoff.done id={victim.id} moved={held} failed=0" in \
             cluster.tail(cluster.servers[1], 50)
+
+
+def test_a_drained_server_hands_over_its_disk_resident_keys_too(tmp_path):
+    disks = [tmp_path / f"disk{i}" for i in range(3)]
+    for disk in disks:
+        disk.mkdir()
+    with LocalMasters(3, log_dir=str(tmp_path / "m")) as masters, \
+            LocalCluster(3, memory="8MiB", master=masters.spec, log_dir=str(tmp_path / "s"),
+                         server_args=("--segment-size", "1MiB")) as cluster:
+        # One disk directory per server: the flag goes on each server's own command line.
+        for server, disk in zip(cluster.servers, disks):
+            server.args += ["--disk-dir", str(disk)]
+        for i in range(3):
+            cluster.terminate(i)
+            cluster.restart(i)
+        wait_until(lambda: sum(s.state == pb.ALIVE for s in servers(masters)) == 3, 15)
+        assert len(servers(masters)) == 3                    # each kept its id
+        values = {f"big{i}": bytes([i % 256]) * (200 << 10) for i in range(120)}   # 24 MiB
+        with Client(master=masters.spec, timeout_s=2.0, map_refresh_s=0.2) as client:
+            for key, value in values.items():
+                assert client.put(key, value)
+            victim = next(s for s in servers(masters)
+                          if s.address == cluster.addresses[0] and s.state == pb.ALIVE)
+            tiers = client.server_stats()[victim.address]["tiers"]
+            assert tiers["cold"]["objects"] > 0              # some of its keys live on disk
+            out = subprocess.run([sys.executable, "-m", "gcache.cli", "drain", victim.id,
+                                  "--master", masters.spec, "--wait", "90"],
+                                 capture_output=True, text=True, timeout=150)
+            assert out.returncode == 0, out.stderr
+            wait_until(lambda: victim.address not in client.stats()["servers"], timeout_s=5)
+            got = {k: client.get(k) for k in values}
+            assert got == values
