@@ -18,7 +18,7 @@ import grpc
 from gcache.errors import MasterError
 from gcache.master.liveness import Liveness
 from gcache.master.raft import RaftGroup
-from gcache.master.state import ServerRecord
+from gcache.master.state import REFUSED, ServerRecord
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 
@@ -71,17 +71,17 @@ class MasterService(pb_grpc.MasterServicer):
                              servers=[server_pb(s) for s in list(state.servers.values())])
 
     def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainReply:
-        if request.id not in self.group.state.servers:
+        epoch = self._submit(context, ("drain", request.id))
+        if epoch == REFUSED:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no server {request.id!r} to drain")
-        return pb.DrainReply(epoch=self._submit(context, ("set_state", request.id, "draining")))
+        return pb.DrainReply(epoch=epoch)
 
     def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
-        record = self.group.state.servers.get(request.id)
-        if record is None or record.state != "draining":
+        epoch = self._submit(context, ("leave", request.id))
+        if epoch == REFUSED:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"server {request.id!r} can leave only after a drain; it is "
-                          f"{record.state if record else 'unknown'}")
-        return pb.LeaveReply(epoch=self._submit(context, ("set_state", request.id, "left")))
+                          f"server {request.id!r} can leave only while it is draining")
+        return pb.LeaveReply(epoch=epoch)
 
     def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
         state, leader = self.group.state, self.group.leader()

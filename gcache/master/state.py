@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 STATES = ("alive", "suspect", "dead", "draining", "left")
+REFUSED = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +39,22 @@ class ClusterState:
         self.masters: dict[str, str] = {}    # raft address -> gRPC address, for redirects
 
     def apply(self, command: tuple) -> Any:
-        """Apply one command; returns the epoch after it. Commands: ``("register", record)``,
-        ``("set_state", id, state)``, ``("announce_master", raft, grpc)``."""
+        """Apply one command; returns the epoch after it, or ``REFUSED`` for a drain of an
+        unknown server or a leave of one that is not draining. Commands: ``("register",
+        record)``, ``("set_state", id, state)``, ``("drain", id)``, ``("leave", id)``,
+        ``("announce_master", raft, grpc)``. Drain and leave check their precondition here, in
+        log order, because a member's own view may lag the log."""
         op = command[0]
         if op == "register":
             return self._register(command[1])
         if op == "set_state":
             return self._set_state(command[1], command[2])
+        if op in ("drain", "leave"):
+            record = self.servers.get(command[1])
+            allowed = record is not None and (op == "drain" or record.state == "draining")
+            if not allowed:
+                return REFUSED
+            return self._set_state(command[1], "draining" if op == "drain" else "left")
         if op == "announce_master":
             self.masters[command[1]] = command[2]
             return self.epoch

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from gcache.config import ServerConfig
-from gcache.errors import GCacheError
+from gcache.errors import GCacheError, Unavailable
 from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
 from gcache.proto import master_pb2 as pb
 from gcache.ring import Ring
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 IN_MAP = (pb.ALIVE, pb.SUSPECT)
 IO_TIMEOUT_S = 10.0
+LEAVE_ATTEMPTS = 10
 
 
 class Handoff(threading.Thread):
@@ -53,7 +55,7 @@ class Handoff(threading.Thread):
             log.info("handoff.done id=%s moved=%d failed=%d", self.server_id, self.moved,
                      self.failed)
             if self.failed == 0:
-                self.link.call("Leave", pb.LeaveRequest(id=self.server_id))
+                self._leave()
                 self.on_left()
         except GCacheError as exc:
             log.error("handoff.failed id=%s error=%s", self.server_id, exc)
@@ -62,6 +64,17 @@ class Handoff(threading.Thread):
         finally:
             for conn in self._conns.values():
                 conn.close()
+
+    def _leave(self) -> None:
+        """Tell the masters this server is done; retried through a master failover."""
+        for attempt in range(LEAVE_ATTEMPTS):
+            try:
+                self.link.call("Leave", pb.LeaveRequest(id=self.server_id))
+                return
+            except Unavailable:
+                if attempt == LEAVE_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)
 
     def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())

@@ -68,14 +68,14 @@ def test_a_drained_server_hands_over_its_disk_resident_keys_too(tmp_path):
             cluster.restart(i)
         wait_until(lambda: sum(s.state == pb.ALIVE for s in servers(masters)) == 3, 15)
         assert len(servers(masters)) == 3                    # each kept its id
-        values = {f"big{i}": bytes([i % 256]) * (200 << 10) for i in range(120)}   # 24 MiB
+        values = {f"big{i}": bytes([i % 256]) * (200 << 10) for i in range(240)}   # 48 MiB
         with Client(master=masters.spec, timeout_s=2.0, map_refresh_s=0.2) as client:
             for key, value in values.items():
                 assert client.put(key, value)
             victim = next(s for s in servers(masters)
                           if s.address == cluster.addresses[0] and s.state == pb.ALIVE)
-            tiers = client.server_stats()[victim.address]["tiers"]
-            assert tiers["cold"]["objects"] > 0              # some of its keys live on disk
+            wait_until(lambda: client.server_stats()[victim.address]["tiers"]["cold"]["objects"]
+                       > 0, timeout_s=10)                   # some of its keys live on disk
             out = subprocess.run([sys.executable, "-m", "gcache.cli", "drain", victim.id,
                                   "--master", masters.spec, "--wait", "90"],
                                  capture_output=True, text=True, timeout=150)

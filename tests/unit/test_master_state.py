@@ -34,3 +34,12 @@ def test_bad_commands_are_refused(command, message):
     state.apply(("register", record()))
     with pytest.raises(ValueError, match=message):
         state.apply(command)
+
+
+def test_drain_and_leave_check_their_precondition_in_log_order():
+    state = ClusterState()
+    assert state.apply(("drain", "s1")) == -1                       # unknown server
+    state.apply(("register", record()))
+    assert state.apply(("leave", "s1")) == -1                       # not draining
+    assert state.apply(("drain", "s1")) == 2 and state.servers["s1"].state == "draining"
+    assert state.apply(("leave", "s1")) == 3 and state.servers["s1"].state == "left"
