@@ -43,3 +43,13 @@ def test_drain_and_leave_check_their_precondition_in_log_order():
     assert state.apply(("leave", "s1")) == -1                       # not draining
     assert state.apply(("drain", "s1")) == 2 and state.servers["s1"].state == "draining"
     assert state.apply(("leave", "s1")) == 3 and state.servers["s1"].state == "left"
+
+
+def test_the_service_implements_every_rpc_of_the_proto():
+    """The generated servicer base raises NotImplementedError for each RPC; ours must override
+    every one, including any added to master.proto later."""
+    from gcache.master.service import MasterService
+    from gcache.proto import master_pb2
+
+    methods = master_pb2.DESCRIPTOR.services_by_name["Master"].methods
+    assert [m.name for m in methods if m.name not in MasterService.__dict__] == []
