@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
 from baselines import (RedisServer, memcpy_gbps, memcpy_threads_gbps, raw_socket_gbps,  # noqa: E402
                        raw_socket_p50_ms, redis_gbps)
 
@@ -32,7 +32,6 @@ from gcache.cli.local_cluster import LocalCluster  # noqa: E402
 from gcache.sdk import Client  # noqa: E402
 
 MiB = 1 << 20
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def best_of(repeat: int, fn) -> float:
@@ -162,11 +161,7 @@ def main() -> int:
               "cpus": os.cpu_count(), "python": platform.python_version(),
               "limits": limits, "gcache": gcache, "ratios": ratios(limits, gcache)}
     print_table(report)
-    os.makedirs(RESULTS, exist_ok=True)
-    for name in (f"dataplane-{report['date']}.json", "dataplane-latest.json"):
-        with open(os.path.join(RESULTS, name), "w") as fh:
-            json.dump(report, fh, indent=2)
-    print(f"wrote {RESULTS}/dataplane-latest.json")
+    write_results("dataplane", report, dated=True)
     return 0
 
 

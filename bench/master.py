@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import sys
@@ -24,12 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
+
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import MasterError
 from gcache.proto import master_pb2 as pb
 from gcache.transport.master_rpc import MasterLink
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -141,10 +142,7 @@ def main() -> int:
           f"{beats['heartbeat_p99_ms']:.2f} ms")
     print(f"leader SIGKILLed: first map read after {fail['first_map_read_s']:.3f} s, new leader "
           f"after {fail['new_leader_s']:.2f} s")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "master-latest.json"), "w") as fh:
-        json.dump(report, fh, indent=2)
-    print(f"wrote {RESULTS}/master-latest.json")
+    write_results("master", report)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import multiprocessing
 import os
 import platform
@@ -34,6 +33,9 @@ import uuid
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
+
 from gcache.cli.local_cluster import LocalCluster
 from gcache.keys import checksum
 from gcache.sdk import Client
@@ -41,7 +43,6 @@ from gcache.server.daemon import open_tiers
 from gcache.config import ServerConfig
 
 MiB = 1 << 20
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def raw_limits(directory: str, total: int, chunk: int) -> dict:
@@ -192,10 +193,7 @@ def main() -> int:
           f"({hot['demoted_during_measure']} objects demoted meanwhile) "
           f"p50 {hot['hot_demoting_p50_ms']:.3f} ms, p99 {hot['hot_demoting_p99_ms']:.3f} ms "
           f"({hot['p99_ratio']:.2f}×)")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "tiers-latest.json"), "w") as fh:
-        json.dump(report, fh, indent=2)
-    print(f"wrote {RESULTS}/tiers-latest.json")
+    write_results("tiers", report)
     return 0
 
 

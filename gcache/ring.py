@@ -72,17 +72,21 @@ class Ring:
         """``owner`` from the group's placement hash (0: no group), as servers store it."""
         if group_hash == 0:
             return self._first_live(key_hash(key))
-        slot = key_hash(key) % group_width
+        return self.slot_owners(group_hash, group_width)[key_hash(key) % group_width]
+
+    def slot_owners(self, group_hash: int, group_width: int) -> list[str | None]:
+        """The live owner of each of a group's slots (compute once, place many keys)."""
         taken: set[str] = set()
-        for j in range(slot + 1):
+        owners: list[str | None] = []
+        for j in range(group_width):
             anchor = key_hash(_SLOT.pack(group_hash, j))
             server = next((s for s in self._clockwise(anchor) if s not in taken), None)
             if server is None:                   # fewer known servers than slots
                 server = next(self._clockwise(anchor), None)
-            if server is None:
-                return None
-            taken.add(server)
-        return server if server in self._live else self._first_live(anchor)
+            if server is not None:
+                taken.add(server)
+            owners.append(server if server in self._live else self._first_live(anchor))
+        return owners
 
     def _first_live(self, point: int) -> str | None:
         return next((s for s in self._clockwise(point) if s in self._live), None)

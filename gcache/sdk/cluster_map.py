@@ -17,11 +17,10 @@ from typing import Callable
 
 from gcache.errors import MasterError
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.transport.master_rpc import IN_MAP, MasterLink
 
 log = logging.getLogger(__name__)
 
-IN_MAP = (pb.ALIVE, pb.SUSPECT)
 FIRST_FETCH_S = 5.0       # how long a new client waits for its first map before starting empty
 
 

@@ -9,7 +9,6 @@ marked suspect and its route forgotten, and the caller gets ``MISS``. ``Client``
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 from gcache.config import ClientConfig
 from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError,
                            ServerError, TransportError)
+from gcache.keys import key_hash
 from gcache.ring import Ring
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.pool import ServerPool
@@ -56,10 +56,9 @@ class Dispatcher:
     def __init__(self, config: ClientConfig, stats: ClientStats) -> None:
         self.config = config
         self.stats = stats
-        self._members_lock = threading.Lock()
         self.epoch = 0
-        self._address_of: dict[str, str] = {}
-        self.ring = Ring({})
+        # (ring, server id -> address), replaced whole: readers take one reference, no lock
+        self._placement: tuple[Ring, dict[str, str]] = (Ring({}), {})
         if config.servers:
             self.set_members(0, {a: (a, 1.0) for a in config.servers})
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
@@ -81,27 +80,34 @@ class Dispatcher:
         by id, so a server that comes back at a new address keeps its keys."""
         ring = Ring({sid: weight for sid, (_, weight) in members.items()},
                     vnodes=self.config.vnodes, live=live)
-        with self._members_lock:
-            self.ring, self.epoch = ring, epoch
-            self._address_of = {sid: address for sid, (address, _) in members.items()}
+        self._placement = (ring, {sid: address for sid, (address, _) in members.items()})
+        self.epoch = epoch
 
     def addresses(self) -> list[str]:
         """Data-plane addresses of the live servers in the current map."""
-        with self._members_lock:
-            return sorted(self._address_of[sid] for sid in self.ring.live)
+        ring, address_of = self._placement
+        return sorted(address_of[sid] for sid in ring.live)
 
     def owner(self, key: bytes, group: bytes | None) -> str | None:
-        with self._members_lock:
-            ring, address_of = self.ring, self._address_of
-        sid = ring.owner(key, group=group, group_width=self.config.group_width)
-        return None if sid is None else address_of.get(sid)
+        return self._owners(group)(key)
+
+    def _owners(self, group: bytes | None) -> Callable[[bytes], str | None]:
+        """Key -> owner address under one snapshot of the map; a group's slots are placed once."""
+        ring, address_of = self._placement
+        if group is None:
+            return lambda key: address_of.get(ring.owner(key) or "")
+        width = self.config.group_width
+        slots = [None if sid is None else address_of.get(sid)
+                 for sid in ring.slot_owners(key_hash(group), width)]
+        return lambda key: slots[key_hash(key) % width]
 
     def plan(self, keys: Sequence[bytes],
              group: bytes | None) -> list[tuple[str | None, list[int]]]:
         """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each."""
         by_server: dict[str | None, list[int]] = {}
+        owner = self._owners(group)
         for i, key in enumerate(keys):
-            by_server.setdefault(self.owner(key, group), []).append(i)
+            by_server.setdefault(owner(key), []).append(i)
         return [(address, idx[start:start + BATCH_MAX]) for address, idx in by_server.items()
                 for start in range(0, len(idx), BATCH_MAX)]
 

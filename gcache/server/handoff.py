@@ -22,13 +22,12 @@ from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
 from gcache.proto import master_pb2 as pb
 from gcache.ring import Ring
 from gcache.transport.handshake import handshake
-from gcache.transport.master_rpc import MasterLink
+from gcache.transport.master_rpc import IN_MAP, MasterLink
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
 
 log = logging.getLogger(__name__)
 
-IN_MAP = (pb.ALIVE, pb.SUSPECT)
 IO_TIMEOUT_S = 10.0
 LEAVE_ATTEMPTS = 10
 

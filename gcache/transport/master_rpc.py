@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_KEY = "gcache-token"
 LEADER_KEY = "gcache-leader"
+IN_MAP = (pb.ALIVE, pb.SUSPECT)     # states whose servers own keys (suspect keeps its keys)
 STATE_NAMES = {pb.ALIVE: "alive", pb.SUSPECT: "suspect", pb.DEAD: "dead",
                pb.DRAINING: "draining", pb.LEFT: "left"}
 

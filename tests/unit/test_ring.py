@@ -2,7 +2,6 @@ from collections import Counter
 
 import pytest
 
-from gcache.keys import key_hash
 from gcache.ring import Ring
 
 SERVERS = [f"10.0.0.{i}:7700" for i in range(8)]
