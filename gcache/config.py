@@ -283,6 +283,13 @@ def load_config(cls: type[C], section: str, *, path: str | None = None,
     return cls(**values)
 
 
+def config_from_args(cls: type[C], section: str, args: Any) -> C:
+    """``load_config`` for a daemon's parsed command line: every flag except ``--config`` and
+    ``--log-level`` is a field; ``--config`` names the TOML file."""
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
+    return load_config(cls, section, path=args.config, flags=flags)
+
+
 def redacted(config: object) -> dict[str, Any]:
     """The config as a dict with secrets replaced, for the one start-up log line."""
     out = dataclasses.asdict(config)  # type: ignore[call-overload]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from gcache.config import MasterConfig, load_config, redacted
+from gcache.config import MasterConfig, config_from_args, redacted
 from gcache.errors import GCacheError, MasterError
 from gcache.master.liveness import Liveness
 from gcache.master.raft import RaftGroup
@@ -56,9 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
     try:
-        config = load_config(MasterConfig, "master", path=args.config, flags=flags)
+        config = config_from_args(MasterConfig, "master", args)
     except GCacheError as exc:
         sys.stderr.write(f"gcache-master: {exc}\n")
         return 2

@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 
-from gcache.config import ServerConfig, load_config, redacted
+from gcache.config import ServerConfig, config_from_args, redacted
 from gcache.errors import GCacheError
 from gcache.server.daemon import DataServer
 
@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
     try:
-        config = load_config(ServerConfig, "server", path=args.config, flags=flags)
+        config = config_from_args(ServerConfig, "server", args)
         server = DataServer(config)
     except GCacheError as exc:
         sys.stderr.write(f"gcache-server: {exc}\n")
