@@ -53,3 +53,17 @@ def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryvie
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+
+
+def memory_at(address: int, size: int, *, what: str = "region") -> memoryview:
+    """A writable flat view of ``size`` bytes at a raw ``address`` that the caller owns.
+
+    For engines that hand out their host KV pool as (pointer, size) pairs (SGLang's
+    ``get_page_buffer_meta``): the view reads and writes the pool in place, so the SDK moves
+    bytes straight between the pool and GCache. The memory must outlive every IO on the view.
+    """
+    if not isinstance(address, int) or isinstance(address, bool) or address <= 0:
+        raise ValueError(f"{what} address must be a positive int; got {address!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"{what} size must be a positive int; got {size!r}")
+    return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")

@@ -38,6 +38,26 @@ def safe_boundary(n_pages: int, pages_present: Sequence[bool] | None,
     return 0
 
 
+def restorable_prefixes(n_pages: int, tail_present: Sequence[bool],
+                        tail_pages: int) -> list[int]:
+    """Prefix lengths ``1..n_pages`` (pages) whose last ``tail_pages`` pages all have their
+    window data (``tail_present[i]`` for page i), or all pages when the prefix is shorter.
+
+    This is the rule for engines that keep window KV per page under the page's own key
+    (SGLang's SWA pool, ``TRAILING_PAGES``): a tail can be present at 5 pages and missing at 4,
+    so the answer is a set, not a length.
+    """
+    if tail_pages < 1:
+        raise ValueError(f"tail_pages must be at least 1; got {tail_pages}")
+    out = []
+    run = 0                              # present pages ending at the current prefix
+    for p in range(1, n_pages + 1):
+        run = run + 1 if tail_present[p - 1] else 0
+        if run >= min(p, tail_pages):
+            out.append(p)
+    return out
+
+
 def tail_span(boundary_pages: int, page_size: int, window: int) -> tuple[int, int]:
     """Token range ``[start, stop)`` of the window tail before ``boundary_pages`` pages."""
     stop = boundary_pages * page_size

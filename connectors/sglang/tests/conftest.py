@@ -1,0 +1,14 @@
+"""A real local GCache cluster for the connector's tests (real servers, real sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gcache.cli.local_cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(2, memory="256MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path_factory.mktemp("gcache-logs"))) as running:
+        yield running

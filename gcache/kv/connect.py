@@ -1,0 +1,76 @@
+"""A ``Client`` from an engine's plugin settings: the ``gcache_*`` keys of its extra config.
+
+Both engines pass a free-form dict to their plugin (SGLang's storage-backend extra config,
+vLLM's ``kv_connector_extra_config``); the connectors share one reading of it, so an operator
+writes the same keys for either engine. Every setting is checked here and a wrong one raises
+``ConfigError`` naming the key, at engine start rather than at the first request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gcache.errors import ConfigError
+from gcache.sdk import Client
+
+PREFIX = "gcache_"
+
+SETTINGS = {
+    "master": "masters' gRPC HOST:PORT, comma separated (dynamic membership)",
+    "servers": "data servers' HOST:PORT, a list or comma separated (static membership)",
+    "token": "the cluster token, when the servers require one",
+    "timeout_ms": "milliseconds one IO may take before it is a miss (default 200)",
+    "transport": "auto (shm for same-host servers, else tcp), tcp or shm",
+    "io_threads": "SDK IO threads (default 4)",
+    "group_width": "servers one placement group is striped over (default 2)",
+    "namespace": "an extra label that separates tenants sharing one cluster",
+}
+
+
+def gcache_settings(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``gcache_*`` entries of ``extra`` without their prefix; an unknown one raises."""
+    out = {}
+    for key, value in (extra or {}).items():
+        if not isinstance(key, str) or not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        if name not in SETTINGS:
+            known = ", ".join(PREFIX + k for k in SETTINGS)
+            raise ConfigError(key, value, f"unknown setting; known: {known}")
+        out[name] = value
+    return out
+
+
+def client_from_settings(settings: Mapping[str, Any]) -> Client:
+    """A ``Client`` for settings as ``gcache_settings`` returns them."""
+    servers = settings.get("servers")
+    if isinstance(servers, str):
+        servers = [s.strip() for s in servers.split(",") if s.strip()]
+    master = settings.get("master")
+    if not servers and not master:
+        raise ConfigError("gcache_master", master, "set gcache_master (masters' HOST:PORT) or "
+                          "gcache_servers (data servers' HOST:PORT) in the extra config")
+    kwargs: dict[str, Any] = {}
+    if "timeout_ms" in settings:
+        kwargs["timeout_s"] = _number(settings, "timeout_ms", positive=True) / 1000.0
+    for name in ("io_threads", "group_width"):
+        if name in settings:
+            kwargs[name] = int(_number(settings, name, positive=True))
+    for name in ("token", "transport"):
+        if settings.get(name) is not None:
+            kwargs[name] = str(settings[name])
+    try:
+        if servers:
+            return Client(list(servers), **kwargs)
+        return Client(master=master, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("gcache_*", dict(settings), str(exc)) from exc
+
+
+def _number(settings: Mapping[str, Any], name: str, *, positive: bool) -> float:
+    value = settings[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (positive and value <= 0):
+        raise ConfigError(PREFIX + name, value, "must be a positive number")
+    return float(value)
