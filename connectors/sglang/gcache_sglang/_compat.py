@@ -24,3 +24,24 @@ KV = PoolName.KV.value
 __all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "KV",
            "MLATokenToKVPoolHost", "PoolHitPolicy", "PoolName", "PoolTransfer",
            "PoolTransferResult", "StorageMetrics"]
+
+PASS_PREFIX_KEYS = "hicache_storage_pass_prefix_keys"
+
+
+def engine_passes_prefix_keys(extra_config: dict | None) -> bool:
+    """Whether SGLang hands the backend each call's prefix keys.
+
+    SGLang pops ``hicache_storage_pass_prefix_keys`` from the extra config before the backend
+    sees it, so the engine's own copy of the launch config is parsed with SGLang's own parser;
+    a backend built outside an engine (the unit tests) still has the key.
+    """
+    if PASS_PREFIX_KEYS in (extra_config or {}):
+        return bool(extra_config[PASS_PREFIX_KEYS])
+    try:
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import \
+            HybridCacheController
+        from sglang.srt.runtime_context import get_memory
+        raw = get_memory().hicache_storage_backend_extra_config
+        return bool(raw) and bool(HybridCacheController.parse_storage_backend_extra_config(raw)[4])
+    except Exception:                                         # noqa: BLE001 - no engine context
+        return False

@@ -21,6 +21,7 @@ slots into ``gcache.kv.EnginePages`` calls.
 - Placement: with ``hicache_storage_pass_prefix_keys: true`` SGLang tells the backend each
   call's position in its sequence, and every page of a sequence is placed by the sequence's
   first page (one small set of servers per prefix tree); without it pages spread key by key.
+  The engine's launch config decides, so writers and readers always agree.
 - Failure: every call is answered; a miss, a timeout, a dead server or an internal error is a
   miss (or a failed write) for SGLang, logged, never an exception in its IO threads.
 """
@@ -37,7 +38,8 @@ from gcache.kv import (EnginePages, client_from_settings, gcache_settings, leadi
                        restorable_prefixes)
 from gcache_sglang._compat import (KV, HiCacheStorage, HiCacheStorageConfig,
                                    HiCacheStorageExtraInfo, MLATokenToKVPoolHost, PoolHitPolicy,
-                                   PoolTransfer, PoolTransferResult, StorageMetrics)
+                                   PoolTransfer, PoolTransferResult, StorageMetrics,
+                                   engine_passes_prefix_keys)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         settings = gcache_settings(extra)
         self.config = storage_config
         self.zero_copy = bool(extra.get("interface_v1"))
+        self.grouped = engine_passes_prefix_keys(extra)
         self.client = client_from_settings(settings)
         model = (storage_config.model_name or "model").replace("/", "-").strip("-")[-120:]
         namespace = {"engine": "sglang", "model": storage_config.model_name,
@@ -128,11 +131,15 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     # ---- placement and buffers --------------------------------------------------------------
 
-    @staticmethod
-    def _group(keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> str | None:
-        prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
-        if prefix is None:
+    def _group(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> str | None:
+        """The sequence's first page key, when SGLang tells us where the call starts.
+
+        With prefix keys on, SGLang 0.5.23 passes ``None`` instead of ``[]`` for a call that
+        starts at the root in one place (the storage hit query), so ``None`` means the root.
+        """
+        if not self.grouped:
             return None
+        prefix = getattr(extra_info, "prefix_keys", None) or []
         chain = list(prefix) + list(keys)
         return chain[0] if chain else None
 

@@ -183,7 +183,8 @@ def test_hybrid_all_pages_pool_limits_the_hit(cluster):
 
 def test_prefix_keys_place_a_sequence_by_its_first_page(cluster):
     host = mha_host("page_first")
-    made = backend(storage_config(cluster.addresses), host)
+    made = backend(storage_config(cluster.addresses, hicache_storage_pass_prefix_keys=True), host)
+    assert made.grouped
     keys = page_keys(tokens(71, n_pages=6))
     head, rest = keys[:2], keys[2:]
     slots = fill(host, len(keys), seed=13)
@@ -191,6 +192,8 @@ def test_prefix_keys_place_a_sequence_by_its_first_page(cluster):
     assert made.batch_set_v1(rest, slots[2 * PAGE:], HiCacheStorageExtraInfo(prefix_keys=head))
     assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 6
     assert made.batch_exists(rest, HiCacheStorageExtraInfo(prefix_keys=head)) == 4
+    # SGLang's storage hit query passes None for a query from the root: that is the root
+    assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=None)) == 6
     # every object of the sequence was placed by its first page: looked up key by key, some
     # land on the other server and miss, so the group really was used
     gen = made.pages.generation()
@@ -198,8 +201,10 @@ def test_prefix_keys_place_a_sequence_by_its_first_page(cluster):
     with Client(cluster.addresses) as client:
         assert all(client.batch_exists(objects, group=keys[0]))
         assert not all(client.batch_exists(objects))
-    assert made.batch_exists(keys) < 6                  # without prefix keys: not found either
-    made.close()
+    spread = backend(storage_config(cluster.addresses), mha_host("page_first"))
+    assert not spread.grouped and spread.batch_exists(keys) < 6
+    for one in (made, spread):
+        one.close()
 
 
 def test_a_server_killed_mid_prefetch_is_a_clean_miss(tmp_path):

@@ -1,0 +1,137 @@
+"""A real SGLang server on CPU for the engine tier: start, talk HTTP, stop (by our PID only)."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from gcache.server.arena import ALIGN, RECORD, RECORD_MAGIC, STATE_COMMITTED, value_offset
+
+BACKEND = {"backend_name": "gcache", "module_path": "gcache_sglang.storage",
+           "class_name": "GCacheHiCacheStorage", "interface_v1": 1,
+           "prefetch_threshold": 16, "hicache_storage_pass_prefix_keys": True}
+ADMIN_KEY = "gcache-test-admin"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """``python -m sglang.launch_server`` on CPU with HiCache (and, unless ``attach_later``,
+    our backend). Its log is kept for the test's asserts."""
+
+    def __init__(self, model: pathlib.Path, servers: list[str], log_dir: pathlib.Path, *,
+                 tp: int = 1, layout: str = "page_first_direct", attach_later: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.backend_config = {**BACKEND, "gcache_servers": ",".join(servers)}
+        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+                "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
+                "--port", str(self.port), "--disable-overlap-schedule",
+                "--max-total-tokens", "4096", "--page-size", "16", "--tp", str(tp),
+                "--enable-hierarchical-cache", "--hicache-ratio", "2",
+                "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
+                "--hicache-storage-prefetch-policy", "wait_complete",
+                "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN_KEY,
+                *extra_args]
+        if not attach_later:
+            args += ["--hicache-storage-backend", "dynamic",
+                     "--hicache-storage-backend-extra-config", json.dumps(self.backend_config)]
+        env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", SGLANG_PLUGINS="cpu_testshim")
+        if tp > 1:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count())
+                                                          for i in range(tp))
+        self.log_path = log_dir / f"sglang-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sglang exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"sglang not ready after {timeout_s}s:\n{self.log()}")
+
+    def log(self, tail: int = 60) -> str:
+        lines = self.log_path.read_bytes().decode(errors="replace").splitlines()
+        return "\n".join(line[:400] for line in lines[-tail:])
+
+    def request(self, method: str, path: str, body: dict | None = None, *,
+                admin: bool = False) -> bytes:
+        headers = {"Content-Type": "application/json"}
+        if admin:
+            headers["Authorization"] = f"Bearer {ADMIN_KEY}"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        with urllib.request.urlopen(req, timeout=120) as reply:
+            return reply.read()
+
+    def generate(self, ids: list[int], new_tokens: int) -> dict:
+        body = {"input_ids": ids, "sampling_params": {"temperature": 0,
+                                                       "max_new_tokens": new_tokens,
+                                                       "ignore_eos": True}}
+        return json.loads(self.request("POST", "/generate", body))
+
+    def flush(self) -> None:
+        """Drop the device and host caches (L1, L2); GCache (L3) keeps its pages."""
+        reply = self.request("POST", "/flush_cache", {}, admin=True)
+        assert b"Cache flushed" in reply, reply
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = self.request("GET", "/metrics").decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)          # the group of the PID we started
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def corrupt_every_value(shm_name: str) -> int:
+    """Flip one byte inside every committed value of a live server's arena (the server maps the
+    same file, so it serves the flipped bytes); returns how many values were hit."""
+    path = f"/dev/shm/{shm_name}"
+    hit = 0
+    with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as arena:
+        magic = RECORD_MAGIC.to_bytes(4, "little")
+        at = arena.find(magic)
+        while at >= 0:
+            if at % ALIGN == 0 and at + RECORD.size <= len(arena):
+                _, state, _, key_len, length, *_ = RECORD.unpack_from(arena, at)
+                start = value_offset(at, key_len)
+                if state == STATE_COMMITTED and 0 < length and start + length <= len(arena):
+                    arena[start + length // 2] ^= 0xFF
+                    hit += 1
+            at = arena.find(magic, at + 4)
+    return hit

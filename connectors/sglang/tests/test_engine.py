@@ -1,0 +1,158 @@
+"""Engine tier: a real SGLang 0.5.23 engine on CPU serves a tiny random model with HiCache and
+GCache as its L3, against a real local GCache cluster.
+
+Pattern (SGLang's own GPU test): request, flush the device and host caches, same request. The
+second request must report its prefix as loaded from storage (``cached_tokens_details`` and the
+Prometheus counters: SGLang hides L3 failures by recomputing, so output alone proves nothing)
+and produce the same greedy tokens as Hugging Face ``transformers`` on the same weights (fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from gcache.cli.local_cluster import LocalCluster
+from gcache.sdk import Client
+
+from .engine import Engine, corrupt_every_value
+from .tiny_models import hf_greedy, llama, prompt_ids
+
+NEW_TOKENS = 16
+PAGE = 16
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+    ids = prompt_ids(path)
+    return path, ids, hf_greedy(path, ids, NEW_TOKENS)
+
+
+@pytest.fixture
+def gcache(tmp_path):
+    with LocalCluster(2, memory="256MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path / "gcache")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def engines(tmp_path):
+    started: list[Engine] = []
+
+    def start(*args, **kwargs) -> Engine:
+        engine = Engine(*args, log_dir=tmp_path, **kwargs)
+        started.append(engine)
+        engine.wait_ready()
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()
+
+
+def stored_objects(cluster: LocalCluster) -> int:
+    with Client(cluster.addresses) as client:
+        return sum(s["tier"]["objects"] for s in client.server_stats().values())
+
+
+def wait_for_backup(cluster: LocalCluster, at_least: int, timeout_s: float = 30.0) -> int:
+    """The engine writes to L3 after the request, on its backup thread: wait for the objects."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = stored_objects(cluster)
+        if n >= at_least:
+            time.sleep(0.5)                            # let the last batch of the node land
+            return stored_objects(cluster)
+        time.sleep(0.2)
+    raise TimeoutError(f"GCache holds {stored_objects(cluster)} objects, expected {at_least}")
+
+
+def full_pages(ids: list[int]) -> int:
+    return len(ids) // PAGE
+
+
+def test_prefix_comes_back_from_gcache_with_identical_output(model, gcache, engines):
+    path, ids, reference = model
+    engine = engines(path, gcache.addresses)
+    first = engine.generate(ids, NEW_TOKENS)
+    assert first["output_ids"] == reference                    # the engine itself is right
+    assert first["meta_info"]["cached_tokens"] == 0
+    pages = full_pages(ids)
+    wait_for_backup(gcache, 2 * pages)                         # K and V objects per page
+    engine.flush()
+    second = engine.generate(ids, NEW_TOKENS)
+    details = second["meta_info"]["cached_tokens_details"]
+    assert details["storage"] == pages * PAGE and details["device"] == details["host"] == 0
+    assert details["storage_backend"] == "GCacheHiCacheStorage"
+    assert second["output_ids"] == reference
+    assert engine.metric("sglang:cached_tokens_total", cache_source="storage") >= pages * PAGE
+    assert engine.metric("sglang:storage_prefetch_unfulfilled_tokens_total") == 0
+
+    # a fresh engine process (nothing in its L1/L2) gets the prefix from GCache at once
+    engine.stop()
+    fresh = engines(path, gcache.addresses, layout="page_first_direct")
+    third = fresh.generate(ids, NEW_TOKENS)
+    assert third["meta_info"]["cached_tokens_details"]["storage"] == pages * PAGE
+    assert third["output_ids"] == reference
+
+
+def test_a_corrupted_read_is_caught_and_recomputed(model, gcache, engines):
+    path, ids, reference = model
+    engine = engines(path, gcache.addresses)
+    engine.generate(ids, NEW_TOKENS)
+    wait_for_backup(gcache, 2 * full_pages(ids))
+    flipped = sum(corrupt_every_value(s.shm_name) for s in gcache.servers)
+    assert flipped >= 2 * full_pages(ids)
+    engine.flush()
+    again = engine.generate(ids, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens"] == 0            # nothing loaded: recomputed
+    assert again["output_ids"] == reference                    # recomputed, not wrong KV
+    assert engine.metric("sglang:storage_prefetch_unfulfilled_tokens_total") > 0
+    assert "sdk.checksum_mismatch" in engine.log_path.read_text(errors="replace")
+
+
+def test_layer_first_host_layout(model, gcache, engines):
+    path, ids, reference = model
+    engine = engines(path, gcache.addresses, layout="layer_first")
+    engine.generate(ids, NEW_TOKENS)
+    wait_for_backup(gcache, 2 * 2 * full_pages(ids))           # K and V per layer, 2 layers
+    engine.flush()
+    again = engine.generate(ids, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens_details"]["storage"] == full_pages(ids) * PAGE
+    assert again["output_ids"] == reference
+
+
+def test_attached_at_run_time_through_the_admin_api(model, gcache, engines):
+    path, ids, reference = model
+    engine = engines(path, gcache.addresses, attach_later=True)
+    body = {"hicache_storage_backend": "dynamic",
+            "hicache_storage_backend_extra_config_json": json.dumps(engine.backend_config),
+            "hicache_storage_prefetch_policy": "wait_complete"}
+    assert b"attached" in engine.request("PUT", "/hicache/storage-backend", body, admin=True)
+    engine.generate(ids, NEW_TOKENS)
+    wait_for_backup(gcache, 2 * full_pages(ids))
+    engine.flush()
+    again = engine.generate(ids, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens_details"]["storage"] == full_pages(ids) * PAGE
+    assert again["output_ids"] == reference
+    assert b"detached" in engine.request("DELETE", "/hicache/storage-backend", admin=True)
+
+
+def test_tensor_parallel_2(model, gcache, engines):
+    path, ids, reference = model
+    engine = engines(path, gcache.addresses, tp=2)
+    first = engine.generate(ids, NEW_TOKENS)
+    assert first["output_ids"] == reference
+    pages = full_pages(ids)
+    objects = wait_for_backup(gcache, 2 * 2 * pages)           # 2 ranks x (K, V) per page
+    assert objects % 4 == 0                                    # every rank wrote its own shard
+    engine.flush()
+    again = engine.generate(ids, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens_details"]["storage"] == pages * PAGE
+    assert again["output_ids"] == reference

@@ -1,0 +1,66 @@
+"""Tiny randomly initialised models made locally for engine tests (no downloads).
+
+A byte-level BPE tokenizer trained on a few sentences, and a 2-layer model of a given
+architecture saved in fp32 with ``save_pretrained``; the same weights serve SGLang and the
+Hugging Face reference.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+CORPUS = ["The cache keeps the keys and values of every layer for each token of the prompt.",
+          "A sliding window layer only attends to the most recent tokens of the sequence.",
+          "GCache stores pages of KV in shared memory and on disk across a cluster of hosts."]
+
+
+def tokenizer(path: pathlib.Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    fast.save_pretrained(path)
+    return fast
+
+
+def llama(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(path)
+    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048, dtype="float32",
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    with torch.no_grad():                     # larger weights: greedy tokens vary with input
+        for p in model.parameters():
+            p.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def prompt_ids(path: pathlib.Path, repeats: int = 4) -> list[int]:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    return tok(" ".join(CORPUS * repeats), add_special_tokens=False)["input_ids"]
+
+
+def hf_greedy(path: pathlib.Path, ids: list[int], new_tokens: int) -> list[int]:
+    """The reference: Hugging Face ``transformers`` greedy decoding in fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                             min_new_tokens=new_tokens, pad_token_id=model.config.pad_token_id)
+    return out[0, len(ids):].tolist()
