@@ -34,7 +34,7 @@ class Engine:
 
     def __init__(self, model: pathlib.Path, servers: list[str], log_dir: pathlib.Path, *,
                  tp: int = 1, layout: str = "page_first_direct", attach_later: bool = False,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 storage_args: tuple[str, ...] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.backend_config = {**BACKEND, "gcache_servers": ",".join(servers)}
@@ -45,9 +45,10 @@ class Engine:
                 "--enable-hierarchical-cache", "--hicache-ratio", "2",
                 "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
                 "--hicache-storage-prefetch-policy", "wait_complete",
-                "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN_KEY,
-                *extra_args]
-        if not attach_later:
+                "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN_KEY]
+        if storage_args is not None:                   # another L3 backend, to compare with
+            args += list(storage_args)
+        elif not attach_later:
             args += ["--hicache-storage-backend", "dynamic",
                      "--hicache-storage-backend-extra-config", json.dumps(self.backend_config)]
         env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", SGLANG_PLUGINS="cpu_testshim")

@@ -64,3 +64,29 @@ def hf_greedy(path: pathlib.Path, ids: list[int], new_tokens: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
                              min_new_tokens=new_tokens, pad_token_id=model.config.pad_token_id)
     return out[0, len(ids):].tolist()
+
+
+def gemma4(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Path:
+    """A hybrid sliding-window model (Gemma 4 text): sliding and full layers alternate."""
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(path)
+    config = Gemma4TextConfig(
+        vocab_size=512, vocab_size_per_layer_input=512, hidden_size=128,
+        hidden_size_per_layer_input=16, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, per_layer_config={},
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        sliding_window=window, max_position_embeddings=2048, dtype="float32",
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id)
+    config.architectures = ["Gemma4ForCausalLM"]
+    config.swa_num_key_value_heads = config.num_key_value_heads   # SGLang's hybrid pool reads it
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
