@@ -155,15 +155,29 @@ class EnginePages:
     def read(self, pool: str, page_keys: Sequence[str], parts: Sequence[Sequence[Any]], *,
              group: str | None = None) -> list[bool]:
         """Read each page's parts into the given buffers; per page, whether every part arrived
-        whole (a part of another size than its buffer is a miss: it is not this format)."""
+        whole (a part of another size than its buffer is a miss: it is not this format).
+        Parts that could not be read are deleted (see ``_drop``)."""
         n_parts = self._check(page_keys, parts)
         if not page_keys:
             return []
         outs = [as_memoryview(view, writable=True, what="page part")
                 for page in parts for view in page]
-        got = self.client.batch_get_into(self._keys(pool, page_keys, n_parts), outs, group=group)
+        keys = self._keys(pool, page_keys, n_parts)
+        got = self.client.batch_get_into(keys, outs, group=group)
+        self._drop([key for key, n in zip(keys, got) if n is None], group)
         whole = [n is not None and n == len(out) for n, out in zip(got, outs)]
         return [all(whole[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
+
+    def _drop(self, keys: list[str], group: str | None) -> None:
+        """Delete parts that failed to read. The engine asks for a page only after it was
+        reported present, so a failed part is usually a corrupted value (its checksum did not
+        match) or one on an unreachable server; left in place, a corrupted part would block
+        the page forever, because writes skip what exists. Deleting it lets the engine's
+        next save store the page again."""
+        for key in keys:
+            self.client.delete(key, group=group)
+        if keys:
+            log.warning("engine_pages.dropped_unreadable parts=%d", len(keys))
 
     def clear(self) -> bool:
         """Move the namespace to a fresh generation (see the module docstring)."""

@@ -50,3 +50,28 @@ def test_importing_the_server_does_not_import_the_sdk():
     code = "import sys, gcache.server; print('gcache.sdk' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+CONNECTORS = pathlib.Path(__file__).resolve().parents[2] / "connectors"
+
+
+def test_connectors_use_only_the_public_names_of_gcache_kv():
+    """ARCHITECTURE §2: a connector translates engine calls into gcache.kv calls; it reaches
+    nothing else of GCache, and only the names gcache.kv exports."""
+    import gcache.kv
+    bad = []
+    packages = [p for p in CONNECTORS.glob("*/gcache_*") if p.is_dir()]
+    assert packages, "no connector package found"
+    for package in packages:
+        for path in package.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    bad += [f"{path}:{node.lineno} imports {a.name}" for a in node.names
+                            if a.name.startswith("gcache.") or a.name == "gcache"]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                        and (node.module == "gcache" or node.module.startswith("gcache.")):
+                    if node.module != "gcache.kv":
+                        bad.append(f"{path}:{node.lineno} imports {node.module}")
+                    bad += [f"{path}:{node.lineno} imports gcache.kv.{a.name} (not exported)"
+                            for a in node.names if a.name not in gcache.kv.__all__]
+    assert not bad, "\n".join(bad)

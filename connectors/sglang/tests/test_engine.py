@@ -114,7 +114,14 @@ def test_a_corrupted_read_is_caught_and_recomputed(model, gcache, engines):
     assert again["meta_info"]["cached_tokens"] == 0            # nothing loaded: recomputed
     assert again["output_ids"] == reference                    # recomputed, not wrong KV
     assert engine.metric("sglang:storage_prefetch_unfulfilled_tokens_total") > 0
-    assert "sdk.checksum_mismatch" in engine.log_path.read_text(errors="replace")
+    log = engine.log_path.read_text(errors="replace")
+    assert "sdk.checksum_mismatch" in log and "engine_pages.dropped_unreadable" in log
+    # the unreadable parts were dropped, so the recompute's save stored them again
+    wait_for_backup(gcache, 2 * full_pages(ids))
+    engine.flush()
+    healed = engine.generate(ids, NEW_TOKENS)
+    assert healed["meta_info"]["cached_tokens_details"]["storage"] == full_pages(ids) * PAGE
+    assert healed["output_ids"] == reference
 
 
 def test_layer_first_host_layout(model, gcache, engines):
