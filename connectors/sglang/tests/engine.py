@@ -19,6 +19,7 @@ BACKEND = {"backend_name": "gcache", "module_path": "gcache_sglang.storage",
            "class_name": "GCacheHiCacheStorage", "interface_v1": 1,
            "prefetch_threshold": 16, "hicache_storage_pass_prefix_keys": True}
 ADMIN_KEY = "gcache-test-admin"
+SGLANG_SHM_PREFIXES = ("sglang_loads_", "sgl_shm_mq_", "sem.mp-")
 
 
 def free_port() -> int:
@@ -55,6 +56,7 @@ class Engine:
         if tp > 1:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count())
                                                           for i in range(tp))
+        self._shm_before = set(os.listdir("/dev/shm"))
         self.log_path = log_dir / f"sglang-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
@@ -110,13 +112,25 @@ class Engine:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)          # the group of the PID we started
+            self.proc.terminate()                     # launch_server stops its own children
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait(timeout=10)
+        try:                                          # any child left: the group we started
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self._log.close()
+        # SGLang's processes leave shared-memory files behind when stopped; remove the ones
+        # that appeared while this engine ran
+        for name in set(os.listdir("/dev/shm")) - self._shm_before:
+            if name.startswith(SGLANG_SHM_PREFIXES):
+                try:
+                    os.unlink(f"/dev/shm/{name}")
+                except FileNotFoundError:
+                    pass
 
 
 def corrupt_every_value(shm_name: str) -> int:
