@@ -77,20 +77,32 @@ def full_pages(ids: list[int]) -> int:
     return len(ids) // PAGE
 
 
+def flushed_round_trip(engine: Engine, cluster: LocalCluster, ids: list[int],
+                       reference: list[int] | None, objects_per_page: int = 2) -> tuple[dict, int]:
+    """Request (checked against ``reference``), wait for the L3 save, flush L1 and L2, the same
+    request: its prefix must come from storage. Returns the second reply and GCache's object
+    count after the save."""
+    pages = full_pages(ids)
+    first = engine.generate(ids, NEW_TOKENS)
+    if reference is not None:
+        assert first["output_ids"] == reference
+    objects = wait_for_backup(cluster, objects_per_page * pages)
+    engine.flush()
+    again = engine.generate(ids, NEW_TOKENS)
+    details = again["meta_info"]["cached_tokens_details"]
+    assert details["storage"] == pages * PAGE and details["device"] == details["host"] == 0
+    if reference is not None:
+        assert again["output_ids"] == reference
+    return again, objects
+
+
 def test_prefix_comes_back_from_gcache_with_identical_output(model, gcache, engines):
     path, ids, reference = model
     engine = engines(path, gcache.addresses)
-    first = engine.generate(ids, NEW_TOKENS)
-    assert first["output_ids"] == reference                    # the engine itself is right
-    assert first["meta_info"]["cached_tokens"] == 0
     pages = full_pages(ids)
-    wait_for_backup(gcache, 2 * pages)                         # K and V objects per page
-    engine.flush()
-    second = engine.generate(ids, NEW_TOKENS)
-    details = second["meta_info"]["cached_tokens_details"]
-    assert details["storage"] == pages * PAGE and details["device"] == details["host"] == 0
-    assert details["storage_backend"] == "GCacheHiCacheStorage"
-    assert second["output_ids"] == reference
+    second, _ = flushed_round_trip(engine, gcache, ids, reference)   # K and V objects per page
+    assert second["meta_info"]["cached_tokens_details"]["storage_backend"] == \
+        "GCacheHiCacheStorage"
     assert engine.metric("sglang:cached_tokens_total", cache_source="storage") >= pages * PAGE
     assert engine.metric("sglang:storage_prefetch_unfulfilled_tokens_total") == 0
 
@@ -127,12 +139,7 @@ def test_a_corrupted_read_is_caught_and_recomputed(model, gcache, engines):
 def test_layer_first_host_layout(model, gcache, engines):
     path, ids, reference = model
     engine = engines(path, gcache.addresses, layout="layer_first")
-    engine.generate(ids, NEW_TOKENS)
-    wait_for_backup(gcache, 2 * 2 * full_pages(ids))           # K and V per layer, 2 layers
-    engine.flush()
-    again = engine.generate(ids, NEW_TOKENS)
-    assert again["meta_info"]["cached_tokens_details"]["storage"] == full_pages(ids) * PAGE
-    assert again["output_ids"] == reference
+    flushed_round_trip(engine, gcache, ids, reference, objects_per_page=2 * 2)  # K, V per layer
 
 
 def test_attached_at_run_time_through_the_admin_api(model, gcache, engines):
@@ -142,27 +149,15 @@ def test_attached_at_run_time_through_the_admin_api(model, gcache, engines):
             "hicache_storage_backend_extra_config_json": json.dumps(engine.backend_config),
             "hicache_storage_prefetch_policy": "wait_complete"}
     assert b"attached" in engine.request("PUT", "/hicache/storage-backend", body, admin=True)
-    engine.generate(ids, NEW_TOKENS)
-    wait_for_backup(gcache, 2 * full_pages(ids))
-    engine.flush()
-    again = engine.generate(ids, NEW_TOKENS)
-    assert again["meta_info"]["cached_tokens_details"]["storage"] == full_pages(ids) * PAGE
-    assert again["output_ids"] == reference
+    flushed_round_trip(engine, gcache, ids, reference)
     assert b"detached" in engine.request("DELETE", "/hicache/storage-backend", admin=True)
 
 
 def test_tensor_parallel_2(model, gcache, engines):
     path, ids, reference = model
     engine = engines(path, gcache.addresses, tp=2)
-    first = engine.generate(ids, NEW_TOKENS)
-    assert first["output_ids"] == reference
-    pages = full_pages(ids)
-    objects = wait_for_backup(gcache, 2 * 2 * pages)           # 2 ranks x (K, V) per page
+    _, objects = flushed_round_trip(engine, gcache, ids, reference, objects_per_page=2 * 2)
     assert objects % 4 == 0                                    # every rank wrote its own shard
-    engine.flush()
-    again = engine.generate(ids, NEW_TOKENS)
-    assert again["meta_info"]["cached_tokens_details"]["storage"] == pages * PAGE
-    assert again["output_ids"] == reference
 
 
 @pytest.fixture(scope="module")
@@ -186,15 +181,10 @@ def test_hybrid_sliding_window_model_through_the_v2_calls(hybrid_model, gcache, 
     path, ids, reference = hybrid_model
     pages = full_pages(ids)
     engine = engines(path, gcache.addresses)
-    first = engine.generate(ids, NEW_TOKENS)
-    assert first["output_ids"] == reference
-    objects = wait_for_backup(gcache, 2 * pages + 4)
+    assert engine.generate(ids, NEW_TOKENS)["output_ids"] == reference
+    ours, objects = flushed_round_trip(engine, gcache, ids, None)
     # K and V per page for the full-layer pool, and only the window's pages for the SWA pool
     assert 2 * pages < objects < 4 * pages
-    engine.flush()
-    ours = engine.generate(ids, NEW_TOKENS)
-    details = ours["meta_info"]["cached_tokens_details"]
-    assert details["storage"] == pages * PAGE and details["device"] == details["host"] == 0
     engine.stop()
 
     theirs_engine = engines(path, [], storage_args=(
