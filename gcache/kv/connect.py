@@ -25,6 +25,8 @@ SETTINGS = {
     "io_threads": "SDK IO threads (default 4)",
     "group_width": "servers one placement group is striped over (default 2)",
     "namespace": "an extra label that separates tenants sharing one cluster",
+    "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
+              "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
 }
 
 

@@ -20,7 +20,9 @@ from gcache.kv.layout import ModelLayout
 class KVSource(Protocol):
     def read(self, layer: int, start: int, stop: int) -> Any:
         """The KV of tokens ``[start, stop)`` of ``layer``: a buffer of exactly
-        ``(stop - start) * layer_bytes_per_token(layer)`` bytes."""
+        ``(stop - start) * layer_bytes_per_token(layer)`` bytes. For a window tail of an SWA
+        layer it may be None: the engine no longer holds those tokens (a sliding window moved
+        past them), and that tail is not saved."""
 
 
 class KVSink(Protocol):

@@ -174,8 +174,12 @@ class KVStore:
             for layer in self.tail_layers:
                 key = page_keys.tail_key(probe.hashes[b - 1], layer)
                 if layer in wanted and key not in probe.present_keys:
+                    value = source.read(layer, start, stop)
+                    if value is None:              # the engine no longer holds that window
+                        continue
                     keys.append(key)
-                    values.append(self._read(source, layer, start, stop))
+                    values.append(self._sized(value, layer, start, stop, writable=False,
+                                              what="KV"))
         ok = self._put(keys, values, page_keys.group_of(probe.hashes))
         return SaveResult(objects_written=sum(ok), objects_failed=len(ok) - sum(ok),
                           bytes_written=sum(len(v) for v, stored in zip(values, ok) if stored),

@@ -1,0 +1,115 @@
+"""``GCacheConnector``: GCache as a vLLM KV connector, layer by layer, hybrid-allocator aware.
+
+Load it with ``--kv-transfer-config '{"kv_connector": "GCacheConnector",
+"kv_connector_module_path": "gcache_vllm.connector", "kv_role": "kv_both",
+"kv_connector_extra_config": {"gcache_master": "HOST:PORT", ...}}'`` (the ``gcache_*`` keys are
+read by ``gcache.kv.gcache_settings``; ``gcache_policy`` picks the SWA store policy).
+
+It translates vLLM's calls into ``gcache.kv`` calls and nothing more (ARCHITECTURE §2): the
+scheduler half asks ``KVStore.match`` for the window-safe hit and tells the workers what to load
+and save (``scheduler_side``); the worker half moves each layer between vLLM's paged KV and
+``KVStore`` (``worker_side``). Keys carry the model, the layout (from the model config and the
+KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: with the hybrid allocator
+on, sliding-window groups hand over null block 0 outside the window, which is skipped; which
+group is the sliding one is read from the KV cache config, never assumed.
+
+Failures: a miss or a dead server is a shorter match; a layer that does not arrive is reported
+through ``get_block_ids_with_load_errors`` (set ``kv_load_failure_policy: "recompute"`` so vLLM
+recomputes those blocks rather than failing the request); a failed save is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gcache.kv import KVStore, client_from_settings, gcache_settings
+from gcache_vllm._compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
+from gcache_vllm._compat import tensor_parallel_rank
+from gcache_vllm.metadata import GCacheConnectorMetadata
+from gcache_vllm.model_layout import check_block_sizes, group_of_layers, model_layout
+from gcache_vllm.scheduler_side import SchedulerSide
+from gcache_vllm.worker_side import WorkerSide
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLICY = "adaptive"
+
+
+class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        settings = gcache_settings(extra)
+        self.client = client_from_settings(settings)
+        rank = 0 if role == KVConnectorRole.SCHEDULER else tensor_parallel_rank()
+        self.layout = model_layout(vllm_config, rank)
+        if kv_cache_config is not None:
+            check_block_sizes(kv_cache_config, self.layout.page_size)
+        self.store = KVStore(self.client, self.layout,
+                             policy=settings.get("policy", DEFAULT_POLICY))
+        self.scheduler = self.worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = SchedulerSide(self.store, self.layout.page_size)
+        else:
+            self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config))
+        log.info("gcache connector (%s, tp rank %d/%d): %s, %d layers (%d sliding, window %d), "
+                 "page %d", role.name, rank, self.layout.tp_size, self.client,
+                 self.layout.num_layers, len(self.layout.swa_layers), self.layout.window,
+                 self.layout.page_size)
+
+    # ---- scheduler side ---------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        return self.scheduler.matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        self.scheduler.after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
+        return self.scheduler.build_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        self.scheduler.finished(request)
+        return False, None                     # saves finish within the step: free the blocks
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        return self.request_finished(request, [])
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False                           # a best-effort cache: recompute is always fine
+
+    # ---- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self.worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self.worker.start_load(self._bound())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self.worker.wait_layer(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        self.worker.save_layer(layer_name, self._bound())
+
+    def wait_for_save(self) -> None:
+        self.worker.wait_saves()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors() if self.worker else set()
+
+    def _bound(self) -> GCacheConnectorMetadata | None:
+        return self._get_connector_metadata() if self.has_connector_metadata() else None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return True                            # layer hooks do real work: keep them in graphs
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.wait_saves()
+        self.store.close()
+        self.client.close()

@@ -1,0 +1,171 @@
+"""Interface level: vLLM 0.33.0's real scheduler and our connector's worker side on CPU,
+against a real local GCache cluster. One engine saves a prompt; a fresh scheduler and worker
+find the window-safe prefix and load it, layer by layer, into other blocks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from .harness import (PAGE, kv_cache_config, kv_tensors, layer_name, request, scheduler,
+                      vllm_config, write_config)
+
+HEADS, HEAD_DIM = 2, 32
+
+
+def engine_pair(tmp_path, cluster, *, window, sliding_first=True, policy="adaptive"):
+    model = write_config(tmp_path / "model", window=window, sliding_first=sliding_first,
+                         heads=HEADS, head_dim=HEAD_DIM)
+    config = vllm_config(model, cluster.addresses, policy=policy)
+    layout = json.loads((model / "config.json").read_text())
+    return config, kv_cache_config(layout, heads=HEADS, head_dim=HEAD_DIM), layout
+
+
+def worker(config, kv_config, seed):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from gcache_vllm.connector import GCacheConnector
+    connector = GCacheConnector(config, KVConnectorRole.WORKER, kv_config)
+    names = [n for g in kv_config.kv_cache_groups for n in g.layer_names]
+    tensors = kv_tensors(sorted(names), heads=HEADS, head_dim=HEAD_DIM, seed=seed)
+    connector.register_kv_caches(tensors)
+    return connector, tensors
+
+
+def run_step(sched, connector, *, forward):
+    """One scheduler step and the worker calls vLLM makes around the forward pass."""
+    out = sched.schedule()
+    meta = out.kv_connector_metadata
+    connector.bind_connector_metadata(meta)
+    connector.start_load_kv(None)
+    for name in sorted(connector.worker.layers, key=lambda n: connector.worker.layers[n][0]):
+        connector.wait_for_layer_load(name)
+        forward(name)
+        connector.save_kv_layer(name, connector.worker.layers[name][1].tensor, None)
+    connector.wait_for_save()
+    connector.clear_connector_metadata()
+    return out, meta
+
+
+def same_tokens(a, a_blocks, b, b_blocks, tokens):
+    return all(torch.equal(a[a_blocks[t // PAGE], :, t % PAGE], b[b_blocks[t // PAGE], :, t % PAGE])
+               for t in tokens)
+
+
+@pytest.mark.parametrize("window,sliding_first", [(None, True), (32, True), (32, False)])
+def test_save_then_a_fresh_engine_loads_the_window_safe_prefix(tmp_path, cluster, window,
+                                                               sliding_first):
+    config, kv_config, layout = engine_pair(tmp_path, cluster, window=window,
+                                            sliding_first=sliding_first)
+    prompt = list(range(1000, 1100))                       # 100 tokens: 6 whole pages
+    first_sched = scheduler(config, kv_config)
+    first_worker, source = worker(config, kv_config, seed=1)
+    first_sched.add_request(request("a", prompt))
+    out, meta = run_step(first_sched, first_worker, forward=lambda name: None)
+    assert out.num_scheduled_tokens["a"] == 100 and not meta.loads
+    assert [s.req_id for s in meta.saves] == ["a"] and len(meta.saves[0].token_ids) == 96
+    counters = first_worker.worker.counters
+    assert counters["saved_layers"] == 4 and counters["save_errors"] == 0
+    saved_blocks = meta.saves[0].block_ids
+
+    # a fresh engine: its scheduler asks GCache, its worker loads into other blocks
+    second_sched = scheduler(config, kv_config)
+    second_worker, target = worker(config, kv_config, seed=None)
+    second_sched.add_request(request("b", prompt))
+    out, meta = run_step(second_sched, second_worker, forward=lambda name: None)
+    assert out.num_scheduled_tokens["b"] == 100 - 96       # 96 tokens came from GCache
+    (load,) = meta.loads
+    assert len(load.token_ids) == 96 and load.skip_tokens == 0
+    assert second_worker.worker.counters["loaded_layers"] == 4
+    assert second_worker.get_block_ids_with_load_errors() == set()
+    group_of = second_worker.worker.group_of
+    for i, kind in enumerate(layout.get("layer_types") or ["full_attention"] * 4):
+        name = layer_name(i)
+        g = group_of[name]
+        if kind == "full_attention":
+            tokens = range(96)
+        else:                                             # the window the engine holds
+            tokens = [t for t in range(96 - window, 96) if load.block_ids[g][t // PAGE] != 0]
+            assert tokens, "the sliding group holds the window's blocks"
+        assert same_tokens(source[name], saved_blocks[g], target[name], load.block_ids[g],
+                           tokens), f"layer {i} ({kind}) differs"
+
+
+def test_a_shared_part_of_a_prefix_hits_only_at_a_window_safe_boundary(tmp_path, cluster):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32, policy="tail")
+    prompt = list(range(2000, 2100))
+    first_sched = scheduler(config, kv_config)
+    first_worker, _ = worker(config, kv_config, seed=2)
+    first_sched.add_request(request("a", prompt))
+    run_step(first_sched, first_worker, forward=lambda name: None)
+    branch = prompt[:64] + list(range(5000, 5036))        # shares 4 pages, then differs
+    probe_sched = scheduler(config, kv_config)
+    req = request("b", branch)
+    # the 4 shared pages are stored, but the "tail" policy kept the window only at page 6
+    assert probe_sched.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    # with the default policy a save leaves a window tail at every page (the cluster is roomy)
+    adaptive, kv_config2, _ = engine_pair(tmp_path / "adaptive", cluster, window=32)
+    saver = scheduler(adaptive, kv_config2)
+    saver_worker, _ = worker(adaptive, kv_config2, seed=3)
+    saver.add_request(request("c", list(range(3000, 3100))))
+    run_step(saver, saver_worker, forward=lambda name: None)
+    other = list(range(3000, 3064)) + list(range(7000, 7036))
+    assert scheduler(adaptive, kv_config2).connector.get_num_new_matched_tokens(
+        request("d", other), 0) == (64, False)
+
+
+def test_a_local_prefix_hit_is_not_loaded_again(tmp_path, cluster):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
+    prompt = list(range(4000, 4100))
+    first = scheduler(config, kv_config)
+    first_worker, _ = worker(config, kv_config, seed=4)
+    first.add_request(request("a", prompt))
+    run_step(first, first_worker, forward=lambda name: None)
+    sched = scheduler(config, kv_config)
+    assert sched.connector.get_num_new_matched_tokens(request("b", prompt), 32) == (64, False)
+    assert sched.connector.get_num_new_matched_tokens(request("c", prompt), 96) == (0, False)
+
+
+def test_a_server_killed_before_the_load_reports_the_blocks_for_recompute(tmp_path, cluster):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    prompt = list(range(6000, 6100))
+    first = scheduler(config, kv_config)
+    first_worker, _ = worker(config, kv_config, seed=5)
+    first.add_request(request("a", prompt))
+    run_step(first, first_worker, forward=lambda name: None)
+    sched = scheduler(config, kv_config)
+    sched.add_request(request("b", prompt))
+    out = sched.schedule()                               # matched while both servers lived
+    (load,) = out.kv_connector_metadata.loads
+    cluster.kill(0)
+    second_worker, _ = worker(config, kv_config, seed=None)
+    second_worker.bind_connector_metadata(out.kv_connector_metadata)
+    second_worker.start_load_kv(None)
+    for i in range(4):
+        second_worker.wait_for_layer_load(layer_name(i))  # never raises, never hangs
+    errors = second_worker.get_block_ids_with_load_errors()
+    assert errors and 0 not in errors
+    assert errors <= {b for group in load.block_ids for b in group}
+    assert second_worker.get_block_ids_with_load_errors() == set()   # reported once
+    # and a new request now matches only what the live server holds
+    assert scheduler(config, kv_config).connector.get_num_new_matched_tokens(
+        request("c", prompt), 0)[0] < 96
+
+
+def test_tensor_parallel_ranks_use_their_own_keys(tmp_path, cluster):
+    from gcache_vllm.model_layout import model_layout
+    config, _, _ = engine_pair(tmp_path, cluster, window=32)
+    config.parallel_config.tensor_parallel_size = 2
+    rank0, rank1 = model_layout(config, 0), model_layout(config, 1)
+    assert rank0.fingerprint() != rank1.fingerprint()
+    assert rank0.layer_bytes_per_token(1) == HEADS // 2 * 2 * HEAD_DIM * 4
+
+
+def test_bad_settings_stop_the_engine_at_start_naming_the_key(tmp_path, cluster):
+    from gcache.errors import ConfigError
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
+    config.kv_transfer_config.kv_connector_extra_config["gcache_polcy"] = "tail"
+    with pytest.raises(ConfigError, match="gcache_polcy"):
+        scheduler(config, kv_config)
