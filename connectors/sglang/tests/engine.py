@@ -111,17 +111,13 @@ class Engine:
         return total
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()                     # launch_server stops its own children
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        try:                                          # any child left: the group we started
+        # The engine has nothing to save (GCache holds what matters), and SGLang's own
+        # shutdown takes seconds: end the process group we started at once.
+        try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.proc.wait(timeout=30)
         self._log.close()
         # SGLang's processes leave shared-memory files behind when stopped; remove the ones
         # that appeared while this engine ran

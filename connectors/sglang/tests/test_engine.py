@@ -18,7 +18,7 @@ from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 
 from .engine import Engine, corrupt_every_value
-from .tiny_models import hf_greedy, llama, prompt_ids
+from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 NEW_TOKENS = 16
 PAGE = 16
@@ -162,7 +162,7 @@ def test_tensor_parallel_2(model, gcache, engines):
 
 @pytest.fixture(scope="module")
 def hybrid_model(tmp_path_factory):
-    from .tiny_models import gemma4
+    from engine_testing.tiny_models import gemma4
     path = gemma4(tmp_path_factory.mktemp("models") / "tiny-gemma4", window=32)
     ids = prompt_ids(path)
     return path, ids, hf_greedy(path, ids, NEW_TOKENS)

@@ -15,6 +15,13 @@ except ImportError as exc:                                   # pragma: no cover 
                       f"SupportsHMA): {exc}") from exc
 
 
+def get_logger(name: str):
+    """A logger under vLLM's own ``vllm`` logger, so the connector's lines are in vLLM's log
+    with its format and level (vLLM configures only that tree)."""
+    import logging
+    return logging.getLogger(f"vllm.{name}")
+
+
 def layer_index(layer_name: str) -> int:
     """The model layer a vLLM attention layer name belongs to (``model.layers.7.self_attn.attn``
     is 7)."""
@@ -28,4 +35,4 @@ def tensor_parallel_rank() -> int:
 
 
 __all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA",
-           "layer_index", "tensor_parallel_rank"]
+           "get_logger", "layer_index", "tensor_parallel_rank"]

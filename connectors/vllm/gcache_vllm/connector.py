@@ -20,18 +20,18 @@ recomputes those blocks rather than failing the request); a failed save is logge
 
 from __future__ import annotations
 
-import logging
+import json
 from typing import Any
 
 from gcache.kv import KVStore, client_from_settings, gcache_settings
 from gcache_vllm._compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
-from gcache_vllm._compat import tensor_parallel_rank
+from gcache_vllm._compat import get_logger, tensor_parallel_rank
 from gcache_vllm.metadata import GCacheConnectorMetadata
 from gcache_vllm.model_layout import check_block_sizes, group_of_layers, model_layout
 from gcache_vllm.scheduler_side import SchedulerSide
 from gcache_vllm.worker_side import WorkerSide
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_POLICY = "adaptive"
 
@@ -43,7 +43,7 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         settings = gcache_settings(extra)
         self.client = client_from_settings(settings)
         rank = 0 if role == KVConnectorRole.SCHEDULER else tensor_parallel_rank()
-        self.layout = model_layout(vllm_config, rank)
+        self.layout = model_layout(vllm_config, rank, kv_cache_config)
         if kv_cache_config is not None:
             check_block_sizes(kv_cache_config, self.layout.page_size)
         self.store = KVStore(self.client, self.layout,
@@ -53,10 +53,12 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler = SchedulerSide(self.store, self.layout.page_size)
         else:
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config))
+        kinds = [type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups] \
+            if kv_cache_config is not None else []
         log.info("gcache connector (%s, tp rank %d/%d): %s, %d layers (%d sliding, window %d), "
-                 "page %d", role.name, rank, self.layout.tp_size, self.client,
+                 "page %d, groups %s", role.name, rank, self.layout.tp_size, self.client,
                  self.layout.num_layers, len(self.layout.swa_layers), self.layout.window,
-                 self.layout.page_size)
+                 self.layout.page_size, json.dumps(kinds))
 
     # ---- scheduler side ---------------------------------------------------------------------
 

@@ -21,13 +21,39 @@ def kv_dtype_name(vllm_config: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def model_layout(vllm_config: Any, tp_rank: int) -> ModelLayout:
+def model_layout(vllm_config: Any, tp_rank: int, kv_cache_config: Any = None) -> ModelLayout:
+    """The layout with the KV cache dtype, and with the sliding layers and window that vLLM
+    itself uses (its KV cache groups), when known: a model implementation may not follow the
+    config's ``layer_types`` (vLLM's gpt-oss slides on even layers whatever the config says),
+    and a layer stored as a window tail must be one the engine really keeps only a window of."""
     config = dict(vllm_config.model_config.hf_text_config.to_dict())
     config["torch_dtype"] = kv_dtype_name(vllm_config)
+    if kv_cache_config is not None:
+        sliding, window = sliding_layers(kv_cache_config)
+        for key in ("hybrid_layer_pattern", "sliding_window_pattern", "use_sliding_window"):
+            config.pop(key, None)
+        config["layer_types"] = ["sliding_attention" if i in sliding else "full_attention"
+                                 for i in range(config["num_hidden_layers"])]
+        config["sliding_window"] = window
     return ModelLayout.from_config(
         config, page_size=vllm_config.cache_config.block_size, tp_rank=tp_rank,
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
         model=f"vllm/{vllm_config.model_config.model}")
+
+
+def sliding_layers(kv_cache_config: Any) -> tuple[set[int], int | None]:
+    """Model layers in sliding-window KV cache groups, and their window (one for all)."""
+    from gcache_vllm._compat import layer_index
+    layers, windows = set(), set()
+    for group in kv_cache_config.kv_cache_groups:
+        window = getattr(group.kv_cache_spec, "sliding_window", None)
+        if type(group.kv_cache_spec).__name__.startswith("SlidingWindow") and window:
+            layers.update(layer_index(name) for name in group.layer_names)
+            windows.add(window)
+    if len(windows) > 1:
+        raise ValueError(f"sliding windows {sorted(windows)} differ between layers; GCache's "
+                         "layout has one window")
+    return layers, (windows.pop() if windows else None)
 
 
 def group_of_layers(kv_cache_config: Any) -> dict[str, int]:

@@ -11,13 +11,13 @@ vLLM may ask again in a later step; they are forgotten when the request is sched
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
+from gcache_vllm._compat import get_logger
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

