@@ -18,6 +18,8 @@ import queue
 import threading
 from typing import Any
 
+import torch
+
 from gcache_vllm._compat import get_logger, layer_index
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 
@@ -34,7 +36,6 @@ class PagedLayer:
 
     def rows(self, block_ids: list[int], start: int, stop: int):
         """(blocks, offsets, keep) of tokens ``[start, stop)``; ``keep`` drops null blocks."""
-        import torch
         tokens = torch.arange(start, stop)
         table = torch.tensor(block_ids, dtype=torch.long)
         blocks = table[tokens // self.page]
@@ -53,7 +54,6 @@ class PagedLayer:
         """Write staged tokens ``[start, stop)`` into their blocks, except null blocks and the
         tokens before ``skip`` (vLLM's own prefix cache holds them)."""
         blocks, offsets, keep = self.rows(block_ids, start, stop)
-        import torch
         keep &= torch.arange(start, stop) >= skip
         heads, width = self.tensor.shape[1], self.tensor.shape[3]
         rows = staged.view(self.tensor.dtype).view(stop - start, heads, width)
@@ -61,32 +61,24 @@ class PagedLayer:
 
 
 class StagingSink:
-    """``gcache.kv.KVSink`` for one load: a token-major buffer per layer covering the spans
-    the load asks for."""
+    """``gcache.kv.KVSink`` for one load: a token-major staging buffer per span the load asks
+    for (every page of a full layer, the window tail of a sliding one)."""
 
     def __init__(self, layout: Any) -> None:
         self.layout = layout
-        self.spans: dict[int, tuple[int, int, Any]] = {}
+        self.spans: dict[int, dict[int, tuple[int, Any]]] = {}   # layer -> start -> (stop, buf)
 
     def write_target(self, layer: int, start: int, stop: int):
-        import torch
-        bpt = self.layout.layer_bytes_per_token(layer)
-        if layer not in self.spans:
-            lo = start if self.layout.is_swa(layer) else 0
-            hi = stop if self.layout.is_swa(layer) else None
-            self.spans[layer] = (lo, hi, {})
-        lo, hi, parts = self.spans[layer]
-        buf = torch.empty((stop - start) * bpt, dtype=torch.uint8)
-        parts[start] = (stop, buf)
+        buf = torch.empty((stop - start) * self.layout.layer_bytes_per_token(layer),
+                          dtype=torch.uint8)
+        self.spans.setdefault(layer, {})[start] = (stop, buf)
         return buf
 
     def staged(self, layer: int):
-        """(start, stop, bytes) of everything staged for ``layer``, in token order."""
-        import torch
-        _, _, parts = self.spans[layer]
+        """(start, stop, bytes) of everything staged for ``layer``: its spans are contiguous."""
+        parts = self.spans[layer]
         starts = sorted(parts)
-        stop = parts[starts[-1]][0]
-        return starts[0], stop, torch.cat([parts[s][1] for s in starts])
+        return starts[0], parts[starts[-1]][0], torch.cat([parts[s][1] for s in starts])
 
 
 class _GatheredSource:
@@ -94,7 +86,6 @@ class _GatheredSource:
     (out of a sliding window) are not held, which ``KVStore.save`` takes as "skip that tail"."""
 
     def __init__(self, layout: Any, rows: Any, first: int) -> None:
-        import torch
         self.layout, self.first = layout, first
         self.flat = rows.reshape(-1).view(torch.uint8)
 
