@@ -56,6 +56,14 @@ def run_step(sched, connector, *, forward):
     return out, meta
 
 
+def save_prompt(config, kv_config, prompt, *, seed, req_id="saver"):
+    """A first engine (scheduler and worker) that computes ``prompt`` and saves it."""
+    sched = scheduler(config, kv_config)
+    saver, _ = worker(config, kv_config, seed=seed)
+    sched.add_request(request(req_id, prompt))
+    return run_step(sched, saver, forward=lambda name: None)
+
+
 def same_tokens(a, a_blocks, b, b_blocks, tokens):
     return all(torch.equal(a[a_blocks[t // PAGE], :, t % PAGE], b[b_blocks[t // PAGE], :, t % PAGE])
                for t in tokens)
@@ -103,10 +111,7 @@ def test_save_then_a_fresh_engine_loads_the_window_safe_prefix(tmp_path, cluster
 def test_a_shared_part_of_a_prefix_hits_only_at_a_window_safe_boundary(tmp_path, cluster):
     config, kv_config, _ = engine_pair(tmp_path, cluster, window=32, policy="tail")
     prompt = list(range(2000, 2100))
-    first_sched = scheduler(config, kv_config)
-    first_worker, _ = worker(config, kv_config, seed=2)
-    first_sched.add_request(request("a", prompt))
-    run_step(first_sched, first_worker, forward=lambda name: None)
+    save_prompt(config, kv_config, prompt, seed=2, req_id="a")
     branch = prompt[:64] + list(range(5000, 5036))        # shares 4 pages, then differs
     probe_sched = scheduler(config, kv_config)
     req = request("b", branch)
@@ -114,10 +119,7 @@ def test_a_shared_part_of_a_prefix_hits_only_at_a_window_safe_boundary(tmp_path,
     assert probe_sched.connector.get_num_new_matched_tokens(req, 0) == (0, False)
     # with the default policy a save leaves a window tail at every page (the cluster is roomy)
     adaptive, kv_config2, _ = engine_pair(tmp_path / "adaptive", cluster, window=32)
-    saver = scheduler(adaptive, kv_config2)
-    saver_worker, _ = worker(adaptive, kv_config2, seed=3)
-    saver.add_request(request("c", list(range(3000, 3100))))
-    run_step(saver, saver_worker, forward=lambda name: None)
+    save_prompt(adaptive, kv_config2, list(range(3000, 3100)), seed=3, req_id="c")
     other = list(range(3000, 3064)) + list(range(7000, 7036))
     assert scheduler(adaptive, kv_config2).connector.get_num_new_matched_tokens(
         request("d", other), 0) == (64, False)
@@ -126,10 +128,7 @@ def test_a_shared_part_of_a_prefix_hits_only_at_a_window_safe_boundary(tmp_path,
 def test_a_local_prefix_hit_is_not_loaded_again(tmp_path, cluster):
     config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
     prompt = list(range(4000, 4100))
-    first = scheduler(config, kv_config)
-    first_worker, _ = worker(config, kv_config, seed=4)
-    first.add_request(request("a", prompt))
-    run_step(first, first_worker, forward=lambda name: None)
+    save_prompt(config, kv_config, prompt, seed=4, req_id="a")
     sched = scheduler(config, kv_config)
     assert sched.connector.get_num_new_matched_tokens(request("b", prompt), 32) == (64, False)
     assert sched.connector.get_num_new_matched_tokens(request("c", prompt), 96) == (0, False)
@@ -138,10 +137,7 @@ def test_a_local_prefix_hit_is_not_loaded_again(tmp_path, cluster):
 def test_a_server_killed_before_the_load_reports_the_blocks_for_recompute(tmp_path, cluster):
     config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
     prompt = list(range(6000, 6100))
-    first = scheduler(config, kv_config)
-    first_worker, _ = worker(config, kv_config, seed=5)
-    first.add_request(request("a", prompt))
-    run_step(first, first_worker, forward=lambda name: None)
+    save_prompt(config, kv_config, prompt, seed=5, req_id="a")
     sched = scheduler(config, kv_config)
     sched.add_request(request("b", prompt))
     out = sched.schedule()                               # matched while both servers lived
