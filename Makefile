@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/gcache demo
 
-# The four environments install in parallel (mostly downloads); the suites run one by one.
+# The four environments install in parallel (mostly downloads). The engines' suites then run
+# side by side (their engines mostly wait on each other's start-up), each printed whole.
 test: envs
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(MAKE) --no-print-directory test-sglang test-vllm
+	$(MAKE) --no-print-directory -j2 -O test-sglang test-vllm
 
 envs:
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(SGL_STAMP) $(VLI_STAMP) $(VLE_STAMP)

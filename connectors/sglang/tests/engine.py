@@ -38,7 +38,9 @@ class Engine:
                  storage_args: tuple[str, ...] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.backend_config = {**BACKEND, "gcache_servers": ",".join(servers)}
+        # a generous IO timeout: the test machine's two cores also run other engines
+        self.backend_config = {**BACKEND, "gcache_servers": ",".join(servers),
+                               "gcache_timeout_ms": 2000}
         args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
                 "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                 "--port", str(self.port), "--disable-overlap-schedule",

@@ -17,7 +17,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    extra = {"gcache_servers": ",".join(spec["servers"]), "gcache_timeout_ms": 500,
+    # a generous IO timeout: the test machine's two cores also run other engines
+    extra = {"gcache_servers": ",".join(spec["servers"]), "gcache_timeout_ms": 2000,
              "gcache_policy": spec.get("policy", "adaptive")}
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True,
               block_size=spec["block_size"], max_model_len=512,
