@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pathlib
 
+import torch
+
 CORPUS = ["The cache keeps the keys and values of every layer for each token of the prompt.",
           "A sliding window layer only attends to the most recent tokens of the sequence.",
           "GCache stores pages of KV in shared memory and on disk across a cluster of hosts."]
@@ -30,7 +32,6 @@ def tokenizer(path: pathlib.Path):
 
 
 def llama(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     path.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(path)
@@ -39,13 +40,7 @@ def llama(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
                          head_dim=64, max_position_embeddings=2048, dtype="float32",
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    with torch.no_grad():                     # larger weights: greedy tokens vary with input
-        for p in model.parameters():
-            p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return _save_random(LlamaForCausalLM(config), path, seed, 0.08)
 
 
 def prompt_ids(path: pathlib.Path, repeats: int = 4) -> list[int]:
@@ -56,7 +51,6 @@ def prompt_ids(path: pathlib.Path, repeats: int = 4) -> list[int]:
 
 def hf_greedy(path: pathlib.Path, ids: list[int], new_tokens: int) -> list[int]:
     """The reference: Hugging Face ``transformers`` greedy decoding in fp32."""
-    import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
@@ -68,7 +62,6 @@ def hf_greedy(path: pathlib.Path, ids: list[int], new_tokens: int) -> list[int]:
 
 def gemma4(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Path:
     """A hybrid sliding-window model (Gemma 4 text): sliding and full layers alternate."""
-    import torch
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
     path.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(path)
@@ -83,17 +76,11 @@ def gemma4(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Pa
         pad_token_id=tok.pad_token_id)
     config.architectures = ["Gemma4ForCausalLM"]
     config.swa_num_key_value_heads = config.num_key_value_heads   # SGLang's hybrid pool reads it
-    torch.manual_seed(seed)
-    model = Gemma4ForCausalLM(config).to(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return _save_random(Gemma4ForCausalLM(config), path, seed, 0.08)
 
 
 def _save_random(model, path: pathlib.Path, seed: int, std: float) -> pathlib.Path:
-    import torch
+    """Random weights, larger than the default init so greedy tokens vary with the input."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

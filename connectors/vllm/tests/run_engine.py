@@ -3,7 +3,7 @@
 A separate process per engine, as a deployment has: ``python run_engine.py SPEC_JSON``. The
 engine is in-process (one process: scheduler and worker) unless tensor parallelism asks for
 workers. Prints one line ``RESULT {...}`` with each prompt's greedy token ids and the number of
-prompt tokens vLLM reports as cached, plus the KV cache groups it built.
+prompt tokens vLLM reports as cached.
 """
 
 from __future__ import annotations
@@ -35,14 +35,7 @@ def main() -> None:
         out = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
         results.append({"output_ids": list(out.outputs[0].token_ids),
                         "cached": out.num_cached_tokens or 0})
-    engine = llm.llm_engine
-    groups = None
-    try:
-        config = engine.vllm_config
-        groups = {"hma": not config.scheduler_config.disable_hybrid_kv_cache_manager}
-    except AttributeError:
-        pass
-    print("RESULT " + json.dumps({"results": results, "engine": groups}), flush=True)
+    print("RESULT " + json.dumps({"results": results}), flush=True)
 
 
 if __name__ == "__main__":
