@@ -19,7 +19,6 @@ BACKEND = {"backend_name": "gcache", "module_path": "gcache_sglang.storage",
            "class_name": "GCacheHiCacheStorage", "interface_v1": 1,
            "prefetch_threshold": 16, "hicache_storage_pass_prefix_keys": True}
 ADMIN_KEY = "gcache-test-admin"
-SGLANG_SHM_PREFIXES = ("sglang_loads_", "sgl_shm_mq_", "sem.mp-")
 
 
 def free_port() -> int:
@@ -58,7 +57,6 @@ class Engine:
         if tp > 1:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count())
                                                           for i in range(tp))
-        self._shm_before = set(os.listdir("/dev/shm"))
         self.log_path = log_dir / f"sglang-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
@@ -113,22 +111,49 @@ class Engine:
         return total
 
     def stop(self) -> None:
-        # The engine has nothing to save (GCache holds what matters), and SGLang's own
-        # shutdown takes seconds: end the process group we started at once.
+        # SIGTERM lets launch_server stop its children and their semaphores go with them (a
+        # SIGKILL leaves those in /dev/shm). Whatever is left after the grace period is the
+        # process group we started: it is killed, and SGLang's shared-memory files that its
+        # processes had mapped are removed (other engines on the machine have files of the same
+        # shape, and the engine also maps GCache's arena, which is the server's).
+        owned = shm_files_of_group(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
         self._log.close()
-        # SGLang's processes leave shared-memory files behind when stopped; remove the ones
-        # that appeared while this engine ran
-        for name in set(os.listdir("/dev/shm")) - self._shm_before:
-            if name.startswith(SGLANG_SHM_PREFIXES):
-                try:
-                    os.unlink(f"/dev/shm/{name}")
-                except FileNotFoundError:
-                    pass
+        for path in owned:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def shm_files_of_group(pgid: int) -> set[str]:
+    """SGLang's /dev/shm files mapped by the processes of process group ``pgid``."""
+    files: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:                 # pgrp is the 5th field of stat
+                continue
+            with open(f"/proc/{entry}/maps") as maps:
+                files.update(line.split(None, 5)[5].strip() for line in maps
+                             if "/dev/shm/" in line and len(line.split(None, 5)) == 6)
+        except (OSError, IndexError, ValueError):
+            continue                                   # gone meanwhile, or not readable
+    return {f for f in files
+            if os.path.basename(f).startswith(("sem.", "sglang_", "sgl_shm_"))}
 
 
 def corrupt_every_value(shm_name: str) -> int:

@@ -150,7 +150,22 @@ def test_attached_at_run_time_through_the_admin_api(model, gcache, engines):
             "hicache_storage_prefetch_policy": "wait_complete"}
     assert b"attached" in engine.request("PUT", "/hicache/storage-backend", body, admin=True)
     flushed_round_trip(engine, gcache, ids, reference)
-    assert b"detached" in engine.request("DELETE", "/hicache/storage-backend", admin=True)
+    assert b"detached" in detach_when_idle(engine)
+
+
+def detach_when_idle(engine: Engine, timeout_s: float = 30.0) -> bytes:
+    """SGLang refuses a detach (HTTP 400, "not idle") while L3 writes are in flight."""
+    import time
+    import urllib.error
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return engine.request("DELETE", "/hicache/storage-backend", admin=True)
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            if b"not idle" not in body or time.monotonic() > deadline:
+                raise AssertionError(f"detach refused: {body!r}") from exc
+            time.sleep(0.5)
 
 
 def test_tensor_parallel_2(model, gcache, engines):
