@@ -51,13 +51,25 @@ def prompt_ids(path: pathlib.Path, repeats: int = 4) -> list[int]:
 
 def hf_greedy(path: pathlib.Path, ids: list[int], new_tokens: int) -> list[int]:
     """The reference: Hugging Face ``transformers`` greedy decoding in fp32."""
+    return hf_greedy_logprobs(path, ids, new_tokens)[0]
+
+
+def hf_greedy_logprobs(path: pathlib.Path, ids: list[int],
+                       new_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and each one's log-probability. Tiny random models often repeat one token
+    whatever their KV; the log-probabilities still move with every bit of it, so comparing them
+    is what shows that an engine attended over the right KV."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
-                             min_new_tokens=new_tokens, pad_token_id=model.config.pad_token_id)
-    return out[0, len(ids):].tolist()
+                             min_new_tokens=new_tokens, pad_token_id=model.config.pad_token_id,
+                             output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t])
+                for step, t in zip(out.logits, tokens)]
+    return tokens, logprobs
 
 
 def gemma4(path: pathlib.Path, *, seed: int = 0, window: int = 32) -> pathlib.Path:

@@ -2,8 +2,8 @@
 
 A separate process per engine, as a deployment has: ``python run_engine.py SPEC_JSON``. The
 engine is in-process (one process: scheduler and worker) unless tensor parallelism asks for
-workers. Prints one line ``RESULT {...}`` with each prompt's greedy token ids and the number of
-prompt tokens vLLM reports as cached.
+workers. Prints one line ``RESULT {...}`` with each prompt's greedy token ids, their
+log-probabilities, and the number of prompt tokens vLLM reports as cached.
 """
 
 from __future__ import annotations
@@ -29,12 +29,15 @@ def main() -> None:
                   kv_connector="GCacheConnector",
                   kv_connector_module_path="gcache_vllm.connector", kv_role="kv_both",
                   kv_load_failure_policy="recompute", kv_connector_extra_config=extra))
-    params = SamplingParams(temperature=0.0, max_tokens=spec["new_tokens"], ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=spec["new_tokens"], ignore_eos=True,
+                            logprobs=1)
     results = []
     for ids in spec["prompts"]:
-        out = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
-        results.append({"output_ids": list(out.outputs[0].token_ids),
-                        "cached": out.num_cached_tokens or 0})
+        reply = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
+        tokens = list(reply.outputs[0].token_ids)
+        results.append({"output_ids": tokens, "cached": reply.num_cached_tokens or 0,
+                        "logprobs": [step[t].logprob
+                                     for step, t in zip(reply.outputs[0].logprobs, tokens)]})
     print("RESULT " + json.dumps({"results": results}), flush=True)
 
 

@@ -20,10 +20,11 @@ import pytest
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 
-from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy, llama, prompt_ids
+from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy_logprobs, llama, prompt_ids
 
 BLOCK = 32                      # the CPU attention kernel wants multiples of 32
 NEW_TOKENS = 12
+LOGPROB_TOLERANCE = 2e-3        # vLLM's CPU kernels against transformers, both fp32
 RUNNER = pathlib.Path(__file__).with_name("run_engine.py")
 
 pytestmark = pytest.mark.timeout(900)
@@ -41,8 +42,16 @@ def models(tmp_path_factory):
     for name, make in MODELS.items():
         path = make(root / name)
         ids = prompt_ids(path, repeats=2)
-        out[name] = (path, ids, hf_greedy(path, ids, NEW_TOKENS))
+        out[name] = (path, ids, hf_greedy_logprobs(path, ids, NEW_TOKENS))
     return out
+
+
+def assert_same_output(result: dict, reference: tuple[list[int], list[float]]) -> None:
+    """HF's greedy tokens, and their log-probabilities to within fp32 kernel noise."""
+    tokens, logprobs = reference
+    assert result["output_ids"] == tokens
+    worst = max(abs(a - b) for a, b in zip(result["logprobs"], logprobs))
+    assert worst < LOGPROB_TOLERANCE, f"log-probabilities differ from HF by up to {worst:.2e}"
 
 
 @pytest.fixture
@@ -82,17 +91,19 @@ def stored_bytes(cluster: LocalCluster) -> int:
 @pytest.mark.parametrize("name", list(GROUPS))
 def test_a_fresh_engine_gets_the_prefix_from_gcache(models, gcache, tmp_path, name):
     path, ids, reference = models[name]
-    first = run(path, gcache.addresses, [ids], log=tmp_path / "first.log")
-    assert first["results"][0] == {"output_ids": reference, "cached": 0}
-    second = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")
-    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
+    first = run(path, gcache.addresses, [ids], log=tmp_path / "first.log")["results"][0]
+    assert first["cached"] == 0
+    assert_same_output(first, reference)
+    second = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")["results"][0]
+    assert second["cached"] == hit_of(ids)
+    assert_same_output(second, reference)
     # the hybrid allocator stays on, and the sliding group is first or second by model
     assert connector_groups(tmp_path / "second.log") == GROUPS[name]
     if name == "llama":            # a server dies between runs: a recompute, not a failure
         gcache.kill(0)
-        third = run(path, gcache.addresses, [ids], log=tmp_path / "third.log")
-        assert third["results"][0]["output_ids"] == reference
-        assert third["results"][0]["cached"] < hit_of(ids)     # what the live server held
+        third = run(path, gcache.addresses, [ids], log=tmp_path / "third.log")["results"][0]
+        assert third["cached"] < hit_of(ids)                   # what the live server held
+        assert_same_output(third, reference)
 
 
 def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(models, gcache,
@@ -103,7 +114,8 @@ def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(model
     from gcache.kv import ModelLayout
     path, ids, reference = models["gemma3"]
     first = run(path, gcache.addresses, [ids], policy="tail", log=tmp_path / "first.log")
-    assert first["results"][0] == {"output_ids": reference, "cached": 0}
+    assert first["results"][0]["cached"] == 0
+    assert_same_output(first["results"][0], reference)
     assert connector_groups(tmp_path / "first.log") == ["SlidingWindowSpec", "FullAttentionSpec"]
     config = json.loads((path / "config.json").read_text())
     layout = ModelLayout.from_config({**config, "torch_dtype": "float32"}, page_size=BLOCK)
@@ -113,21 +125,39 @@ def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(model
     assert expected < pages * layout.all_layers_page_bytes()   # the sliding layers' saving
 
     shared = ids[:2 * BLOCK] + ids[-(len(ids) - 2 * BLOCK):][::-1]   # 2 pages, then other tokens
-    branch_reference = hf_greedy(path, shared, NEW_TOKENS)
+    branch_reference = hf_greedy_logprobs(path, shared, NEW_TOKENS)
     second = run(path, gcache.addresses, [ids, shared], policy="tail",
-                 log=tmp_path / "second.log")
-    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
-    assert second["results"][1] == {"output_ids": branch_reference, "cached": 0}
+                 log=tmp_path / "second.log")["results"]
+    assert second[0]["cached"] == hit_of(ids) and second[1]["cached"] == 0
+    assert_same_output(second[0], reference)
+    assert_same_output(second[1], branch_reference)
 
 
 def test_tensor_parallel_2(models, gcache, tmp_path):
     path, ids, reference = models["llama"]
-    first = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "first.log")
-    assert first["results"][0] == {"output_ids": reference, "cached": 0}
-    second = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "second.log")
-    assert second["results"][0] == {"output_ids": reference, "cached": hit_of(ids)}
+    first = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "first.log")["results"][0]
+    assert first["cached"] == 0
+    assert_same_output(first, reference)
+    second = run(path, gcache.addresses, [ids], tp=2, log=tmp_path / "second.log")["results"][0]
+    assert second["cached"] == hit_of(ids)
+    assert_same_output(second, reference)
     log = (tmp_path / "second.log").read_text(errors="replace")
     assert "tp rank 1/2" in log and "tp rank 0/2" in log       # each rank its own keys
+
+
+def test_the_comparison_sees_the_loaded_kv(tmp_path, gcache):
+    """The control for every comparison above: new weights under the same model path, so the
+    fresh engine loads the old weights' KV (keys name the model, not its weights). Its output
+    must then differ from HF on the new weights, or matching HF would prove nothing."""
+    path = gemma3(tmp_path / "model", seed=0)
+    ids = prompt_ids(path, repeats=2)
+    run(path, gcache.addresses, [ids], log=tmp_path / "first.log")
+    gemma3(path, seed=1)                                   # new weights, same path
+    stale = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")["results"][0]
+    assert stale["cached"] == hit_of(ids)
+    tokens, logprobs = hf_greedy_logprobs(path, ids, NEW_TOKENS)
+    worst = max(abs(a - b) for a, b in zip(stale["logprobs"], logprobs))
+    assert stale["output_ids"] != tokens or worst > 100 * LOGPROB_TOLERANCE
 
 
 def connector_groups(log: pathlib.Path) -> list[str]:
