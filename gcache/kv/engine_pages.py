@@ -89,9 +89,6 @@ class EnginePages:
             raise InvalidRequest(f"pool name must be non-empty and without '/'; got {name!r}")
         self._pools[name] = f"{name}-{namespace_digest(format_fields)}"
 
-    def pools(self) -> list[str]:
-        return list(self._pools)
-
     # ---- keys -------------------------------------------------------------------------------
 
     def generation(self) -> str:

@@ -53,6 +53,10 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler = SchedulerSide(self.store, self.layout.page_size)
         else:
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config))
+        if getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute") != "recompute":
+            log.warning("kv_load_failure_policy is %r: a GCache server lost between a match and "
+                        "its load fails the request; set it to \"recompute\" to recompute "
+                        "instead", self._kv_transfer_config.kv_load_failure_policy)
         kinds = [type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups] \
             if kv_cache_config is not None else []
         log.info("gcache connector (%s, tp rank %d/%d): %s, %d layers (%d sliding, window %d), "
