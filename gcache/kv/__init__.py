@@ -2,8 +2,8 @@
 
 Model layouts read from ``config.json``, chained page keys, the window-safe rule, SWA store
 policies, ``KVStore`` (save, match, layer-by-layer load), ``EnginePages`` (pages under an
-engine's own keys, straight from its memory) and the connectors' shared settings. The connectors use only the names
-below.
+engine's own keys, straight from its memory) and the connectors' shared settings. The
+connectors use only the names below.
 """
 
 from gcache.kv.connect import client_from_settings, gcache_settings

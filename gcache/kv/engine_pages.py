@@ -46,7 +46,8 @@ def namespace_digest(fields: Mapping[str, Any]) -> str:
     return xxhash.xxh3_64_hexdigest(text.encode())
 
 
-def page_regions(pointers: Sequence[int], sizes: Sequence[int], n_pages: int) -> list[list[memoryview]]:
+def page_regions(pointers: Sequence[int], sizes: Sequence[int],
+                 n_pages: int) -> list[list[memoryview]]:
     """Split an engine's (pointer, size) lists for ``n_pages`` pages into per-page part views."""
     if len(pointers) != len(sizes):
         raise InvalidRequest(f"{len(pointers)} pointers but {len(sizes)} sizes")
