@@ -166,13 +166,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
     def _read(self, pool: str, keys: List[str], host_indices, group: str | None) -> List[bool]:
         if not keys:
             return []
-        start = time.perf_counter()
-        done = self.pages.read(pool, keys, self._buffers(pool, keys, host_indices), group=group)
-        hits = leading(done)
-        self._count("pages_read", sum(done))
-        self._count("read_misses", len(keys) - sum(done))
-        self._record("prefetch", pool, hits, time.perf_counter() - start)
-        return done
+        return self._read_pages(pool, keys, self._buffers(pool, keys, host_indices), group)
 
     def _write(self, pool: str, keys: List[str], host_indices, group: str | None) -> List[bool]:
         if not keys:
@@ -180,8 +174,20 @@ class GCacheHiCacheStorage(HiCacheStorage):
         if not self._writes(pool):
             self._count("pages_skipped", len(keys))
             return [True] * len(keys)
+        return self._write_pages(pool, keys, self._buffers(pool, keys, host_indices), group)
+
+    def _read_pages(self, pool: str, keys: List[str], parts, group: str | None) -> List[bool]:
+        """Read pages into their buffers; counted, and timed for SGLang's metrics."""
         start = time.perf_counter()
-        done = self.pages.write(pool, keys, self._buffers(pool, keys, host_indices), group=group)
+        done = self.pages.read(pool, keys, parts, group=group)
+        self._count("pages_read", sum(done))
+        self._count("read_misses", len(keys) - sum(done))
+        self._record("prefetch", pool, leading(done), time.perf_counter() - start)
+        return done
+
+    def _write_pages(self, pool: str, keys: List[str], parts, group: str | None) -> List[bool]:
+        start = time.perf_counter()
+        done = self.pages.write(pool, keys, parts, group=group)
         self._count("pages_written", sum(done))
         self._count("write_failures", len(keys) - sum(done))
         self._record("backup", pool, sum(done), time.perf_counter() - start)
@@ -191,16 +197,18 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     @_answer_on_error(lambda *a, **k: 0)
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        return self._kv_pages(keys, self._group(keys, extra_info))
+
+    def _kv_pages(self, keys: List[str], group: str | None) -> int:
+        """Leading pages whose KV exists, in the objects of the path in use."""
         pool = KV if self.zero_copy else FLAT
-        return self.pages.leading_present(pool, keys, self._parts_of(pool),
-                                          group=self._group(keys, extra_info))
+        return self.pages.leading_present(pool, keys, self._parts_of(pool), group=group)
 
     @_answer_on_error(lambda *a, **k: PoolTransferResult(0, {}, []))
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info=None) -> PoolTransferResult:
         group = self._group(keys, extra_info)
-        pool = KV if self.zero_copy else FLAT
-        kv_pages = self.pages.leading_present(pool, keys, self._parts_of(pool), group=group)
+        kv_pages = self._kv_pages(keys, group)
         hits: dict[str, int] = {KV: kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
         for transfer in pool_transfers or []:
@@ -249,17 +257,13 @@ class GCacheHiCacheStorage(HiCacheStorage):
     def get(self, key: str, target_location=None, target_sizes=None):
         if target_location is None:
             raise ValueError("get needs a target_location tensor (a flat page)")
-        ok = self.pages.read(FLAT, [key], [[target_location]])[0]
-        self._count("pages_read" if ok else "read_misses", 1)
-        return target_location if ok else None
+        return self.batch_get([key], [target_location])[0]
 
     @_answer_on_error(lambda keys, *a, **k: [None] * len(keys))
     def batch_get(self, keys: List[str], target_locations=None, target_sizes=None):
         if target_locations is None or len(target_locations) != len(keys):
             raise ValueError("batch_get needs one target tensor per key")
-        done = self.pages.read(FLAT, list(keys), [[t] for t in target_locations])
-        self._count("pages_read", sum(done))
-        self._count("read_misses", len(keys) - sum(done))
+        done = self._read_pages(FLAT, list(keys), [[t] for t in target_locations], None)
         return [t if ok else None for t, ok in zip(target_locations, done)]
 
     @_answer_on_error(lambda *a, **k: False)
@@ -274,10 +278,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         if not self._writes(KV):
             self._count("pages_skipped", len(keys))
             return True
-        done = self.pages.write(FLAT, list(keys), [[v] for v in values])
-        self._count("pages_written", sum(done))
-        self._count("write_failures", len(keys) - sum(done))
-        return all(done)
+        return all(self._write_pages(FLAT, list(keys), [[v] for v in values], None))
 
     @_answer_on_error(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
@@ -311,7 +312,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
     def _record(self, phase: str, pool: str, n_pages: int, seconds: float) -> None:
         if not self.config.enable_storage_metrics or n_pages == 0:
             return
-        host_pool = self.mem_pool_host if pool == KV else self.registered_pools[pool]
+        host_pool = self.mem_pool_host if pool in (KV, FLAT) else self.registered_pools[pool]
         gigabytes = n_pages * host_pool.page_size * host_pool.size_per_token / 1e9
         with self._stats_lock:
             self._metrics[f"{phase}_pgs"].append(n_pages)

@@ -32,8 +32,7 @@ class SchedulerSide:
         self.store = store                          # gcache.kv.KVStore, rank 0's keys
         self.page = page_size
         self._hits: dict[str, int] = {}             # req id -> matched tokens
-        self._loads: dict[str, int] = {}            # req id -> tokens to load (after alloc)
-        self._skip: dict[str, int] = {}             # req id -> tokens vLLM had already
+        self._loads: dict[str, tuple[int, int]] = {}   # req id -> (hit, tokens vLLM had)
         self._tracked: dict[str, _Tracked] = {}
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
@@ -51,8 +50,7 @@ class SchedulerSide:
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             hit = self._hits.get(request.request_id, 0)
-            self._loads[request.request_id] = hit
-            self._skip[request.request_id] = hit - num_external_tokens
+            self._loads[request.request_id] = (hit, hit - num_external_tokens)
 
     def build_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
         meta = GCacheConnectorMetadata()
@@ -60,10 +58,9 @@ class SchedulerSide:
             prompt = list(new.prompt_token_ids or ())
             self._tracked[new.req_id] = _Tracked(prompt, [list(g) for g in new.block_ids])
             self._hits.pop(new.req_id, None)
-            hit = self._loads.pop(new.req_id, 0)
+            hit, skip = self._loads.pop(new.req_id, (0, 0))
             if hit:
-                meta.loads.append(LoadSpec(new.req_id, prompt[:hit],
-                                           self._skip.pop(new.req_id, 0), tuple(new.block_ids)))
+                meta.loads.append(LoadSpec(new.req_id, prompt[:hit], skip, tuple(new.block_ids)))
         cached = scheduler_output.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", set())
         for i, req_id in enumerate(cached.req_ids):
@@ -91,5 +88,5 @@ class SchedulerSide:
         return meta
 
     def finished(self, request: Any) -> None:
-        for table in (self._hits, self._loads, self._skip, self._tracked):
+        for table in (self._hits, self._loads, self._tracked):
             table.pop(request.request_id, None)
