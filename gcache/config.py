@@ -26,6 +26,9 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 1000**2, "mb": 
           "mib": MiB, "g": 1000**3, "gb": 1000**3, "gib": GiB, "t": 1000**4, "tb": 1000**4,
           "tib": TiB}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+SHM_NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")   # a file in /dev/shm
+SHM_NAME_TEXT = ("must be a file name in /dev/shm: letters, digits, '.', '_' and '-', not "
+                 "starting with '.' (no '/')")
 
 
 def parse_size(text: str | int, *, key: str = "size") -> int:
@@ -64,7 +67,11 @@ class ServerConfig:
     io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
     max_value_size: int = 1 * GiB           # bytes; larger values are refused
     lease_ttl_s: float = 5.0                # a read lease or pending write pins for this long
-    max_connections: int = 1024             # concurrent client connections
+    max_connections: int = 1024             # concurrent authenticated client connections
+    max_unauthenticated: int = 64           # connections yet to AUTH; the oldest goes first
+    auth_timeout_s: float = 5.0             # seconds a connection has to authenticate
+    min_transfer_rate: int = 1 * MiB        # bytes/s a payload must arrive at, after a grace
+                                            # of one IO timeout; slower senders are cut off
     prefault: bool = True                   # touch every arena page at start
     metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
     unix_socket: str = ""                   # same-host socket path; "" is /tmp/<shm_name>.sock,
@@ -101,6 +108,14 @@ class ServerConfig:
         _check("lease_ttl_s", self.lease_ttl_s, self.lease_ttl_s > 0, "must be positive")
         _check("max_connections", self.max_connections, self.max_connections >= 1,
                "must be positive")
+        _check("max_unauthenticated", self.max_unauthenticated, self.max_unauthenticated >= 1,
+               "must be positive")
+        _check("auth_timeout_s", self.auth_timeout_s, self.auth_timeout_s > 0,
+               "must be positive")
+        _check("min_transfer_rate", self.min_transfer_rate, self.min_transfer_rate >= 1,
+               "must be positive (bytes per second)")
+        _check("shm_name", self.shm_name,
+               self.shm_name == "" or bool(SHM_NAME_RULE.match(self.shm_name)), SHM_NAME_TEXT)
         _check("metrics_listen", self.metrics_listen,
                self.metrics_listen == "" or _is_address(self.metrics_listen),
                "must be HOST:PORT or empty")

@@ -12,8 +12,10 @@ that connection closes, and the pool may close surplus idle links.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from gcache.errors import IOTimeout, TransportError
 from gcache.frame import Status
 from gcache.keys import checksum, group_hash
 from gcache.sdk import protocol, shm_exchange
@@ -23,6 +25,7 @@ from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.routes import Link
 from gcache.sdk.shm_exchange import Extent
 
+log = logging.getLogger(__name__)
 Held = tuple[Link, list[int], list[Extent | None]]
 
 
@@ -54,12 +57,14 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     copies = [(link, i, extent) for link, idx, extents in held
               for i, extent in zip(idx, extents) if extent is not None]
-    digests = d.parallel([lambda m=link.mapping, i=i, e=e: shm_exchange.copy_in(m, e, values[i])
+    digests = d.parallel([lambda m=link.mapping, i=i, e=e: _copy_in(d, m, e, values[i])
                           for link, i, e in copies])
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
     def commit(link: Link, idx: list[int], extents: list[Extent | None]) -> None:
-        todo = [(i, e) for i, e in zip(idx, extents) if e is not None]
+        # A value whose copy failed is not committed: the server drops its extent at the TTL.
+        todo = [(i, e) for i, e in zip(idx, extents)
+                if e is not None and digest_of[i] is not None]
         statuses = d.run(link, lambda ch: shm_exchange.commit_many(
             ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]),
             len(todo))
@@ -71,6 +76,29 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
 
     d.parallel([lambda h=h: commit(*h) for h in held])
     return results
+
+
+def _copy_in(d: Dispatcher, mapping: Any, extent: Extent, value: Any) -> int | None:
+    """One value's copy into the arena; None (counted as a miss) when it failed."""
+    try:
+        return shm_exchange.copy_in(mapping, extent, value)
+    except TransportError as exc:
+        d.stats.miss("timeout" if isinstance(exc, IOTimeout) else "protocol", 1)
+        log.warning("sdk.copy_failed bytes=%d detail=%s", extent.length, exc)
+        return None
+
+
+def _copy_out(d: Dispatcher, mapping: Any, extent: Extent, target: Any,
+              verify: bool) -> ReadResult | None:
+    """One value's copy out of the arena; None (counted as a miss) when the server named
+    memory outside its arena."""
+    try:
+        return ReadResult(target, extent.length,
+                          shm_exchange.copy_out(mapping, extent, target, verify=verify))
+    except TransportError as exc:
+        d.stats.miss("protocol", 1)
+        log.warning("sdk.copy_failed bytes=%d detail=%s", extent.length, exc)
+        return None
 
 
 def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Status] | Miss,
@@ -115,11 +143,11 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     try:
         copies = _read_copies(held, outs)
-        found = d.parallel([lambda link=link, e=e, t=t: ReadResult(
-            t, e.length, shm_exchange.copy_out(link.mapping, e, t, verify=verify))
-            for link, _, e, t in copies])
+        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link.mapping, e, t, verify)
+                            for link, _, e, t in copies])
         for (_, i, _, _), result in zip(copies, found):
-            results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
+            if result is not None:
+                results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
         for link, idx, extents in held:
             for i, extent in zip(idx, extents):
                 if extent is None:

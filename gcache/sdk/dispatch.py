@@ -138,7 +138,8 @@ class Dispatcher:
     def run(self, link: Link, fn: Callable[[Channel], T], n_keys: int) -> T | Miss:
         """Run ``fn`` on ``link``; on failure the link is closed and the keys counted as misses."""
         try:
-            return fn(Channel(link.conn, timeout_s=self.config.timeout_s, mapping=link.mapping))
+            return fn(Channel(link.conn, timeout_s=self.config.timeout_s, mapping=link.mapping,
+                              max_value_size=self.config.max_value_size))
         except (TransportError, ProtocolError, ServerError) as exc:
             return self._failed(link, link.address, exc, n_keys)
         except BaseException:

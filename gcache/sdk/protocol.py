@@ -28,7 +28,8 @@ from gcache.keys import checksum_stream
 from gcache.transport.shm import ArenaMapping
 from gcache.transport.stream import StreamConnection
 
-_MAX_REPLY_PAYLOAD = 1 << 42
+_MAX_REPLY_PAYLOAD = 1 << 42        # a batch reply's whole payload; each part is checked too
+MAX_STAT_BYTES = 16 << 20           # a STAT reply's JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +44,21 @@ class ReadResult:
 
 class Channel:
     """One connection plus the request ids and timeout used on it, and the server's arena
-    mapping when the connection is a same-host one."""
+    mapping when the connection is a same-host one.
 
-    __slots__ = ("conn", "timeout_s", "mapping", "_next_id")
+    A server's word is checked before the SDK acts on it: a reply that announces more than
+    ``max_value_size`` for one value, or more than a small reply can hold, is a ProtocolError
+    (a miss) before anything is allocated for it.
+    """
+
+    __slots__ = ("conn", "timeout_s", "mapping", "max_value_size", "_next_id")
 
     def __init__(self, conn: StreamConnection, *, timeout_s: float,
-                 mapping: ArenaMapping | None = None) -> None:
+                 mapping: ArenaMapping | None = None, max_value_size: int = 1 << 30) -> None:
         self.conn = conn
         self.timeout_s = timeout_s
         self.mapping = mapping
+        self.max_value_size = max_value_size
         self._next_id = 0
 
     def header(self, op: Op, *, key: bytes = b"", **fields: int) -> Header:
@@ -73,8 +80,19 @@ class Channel:
                                 f"{request.op.name}#{request.request_id}")
         return header
 
-    def payload(self, header: Header) -> bytearray:
+    def payload(self, header: Header, *, limit: int | None = None) -> bytearray:
+        """The reply's payload, refused (ProtocolError) when it is over ``limit`` bytes
+        (default ``max_value_size``)."""
+        limit = self.max_value_size if limit is None else limit
+        if header.payload_len > limit:
+            raise ProtocolError(f"{header.op.name} reply announces {header.payload_len} bytes; "
+                                f"at most {limit} expected")
         return self.conn.recv_exact(header.payload_len, timeout_s=self.timeout_s)
+
+    def check_value_length(self, length: int) -> None:
+        if length > self.max_value_size:
+            raise ProtocolError(f"server announced a {length}-byte value; max_value_size is "
+                                f"{self.max_value_size}")
 
 
 def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int = 0) -> Status:
@@ -121,6 +139,7 @@ def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
     _, reply = get_length(ch, key)
     if reply.status == Status.NOT_FOUND:
         return None
+    ch.check_value_length(reply.payload_len)
     if out is not None:
         check_fits(len(out), reply.payload_len, "out")
     return _recv_value(ch, out, reply.payload_len, reply.checksum, verify=verify)
@@ -137,7 +156,7 @@ def _recv_value(ch: Channel, out: Any, length: int, stored: int, *, verify: bool
 def exists(ch: Channel, keys: Sequence[bytes]) -> list[bool]:
     reply = ch.reply(ch.request(Op.EXISTS, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "EXISTS")
-    present = ch.payload(reply)
+    present = ch.payload(reply, limit=len(keys))
     if len(present) != len(keys):
         raise ProtocolError(f"EXISTS answered {len(present)} flags for {len(keys)} keys")
     return [flag == 1 for flag in present]
@@ -152,7 +171,13 @@ def delete(ch: Channel, key: bytes) -> bool:
 def stat(ch: Channel) -> dict:
     reply = ch.reply(ch.request(Op.STAT))
     raise_for_status(reply, "STAT")
-    return json.loads(bytes(ch.payload(reply)))
+    try:
+        stats = json.loads(bytes(ch.payload(reply, limit=MAX_STAT_BYTES)))
+    except ValueError as exc:
+        raise ProtocolError(f"STAT reply is not JSON: {exc}") from None
+    if not isinstance(stats, dict):
+        raise ProtocolError("STAT reply is not a JSON object")
+    return stats
 
 
 def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
@@ -162,10 +187,13 @@ def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
     reply = ch.reply(ch.request(Op.BATCH_PUT, payload=(table, b"".join(keys), *values),
                                 count=len(keys), handle=group))
     raise_for_status(reply, "BATCH_PUT")
-    statuses = ch.payload(reply)
+    statuses = ch.payload(reply, limit=len(keys))
     if len(statuses) != len(keys):
         raise ProtocolError(f"BATCH_PUT answered {len(statuses)} statuses for {len(keys)} keys")
-    return [Status(s) for s in statuses]
+    try:
+        return [Status(s) for s in statuses]
+    except ValueError as exc:
+        raise ProtocolError(f"BATCH_PUT answered an unknown status: {exc}") from None
 
 
 def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
@@ -176,6 +204,9 @@ def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | 
     raise_for_status(reply, "BATCH_GET")
     raw = ch.conn.recv_exact(len(keys) * GET_ENTRY.size, timeout_s=ch.timeout_s)
     table = [GET_ENTRY.unpack_from(raw, i * GET_ENTRY.size) for i in range(len(keys))]
+    for status, length, _ in table:
+        if status == Status.OK:
+            ch.check_value_length(length)
     expected = len(raw) + sum(length for status, length, _ in table if status == Status.OK)
     if expected != reply.payload_len:
         raise ProtocolError(f"BATCH_GET table adds up to {expected} bytes, frame says "

@@ -11,12 +11,11 @@ server that comes back is asked again.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 
 from gcache.errors import ConnectFailed, ProtocolError
-from gcache.transport.handshake import handshake
+from gcache.transport.handshake import handshake, parse_facts
 from gcache.transport.shm import ArenaMapping, connect_unix, host_id
 from gcache.transport.stream import StreamConnection, close_fd
 from gcache.transport.tcp import connect
@@ -84,7 +83,11 @@ class Routes:
             conn.close()
             raise
         if facts is not None:
-            facts.append(json.loads(bytes(payload)))
+            try:
+                facts.append(parse_facts(payload))
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     def _discover(self, address: str) -> Link:
@@ -106,7 +109,14 @@ class Routes:
 
     def _map_arena(self, address: str, conn: StreamConnection) -> ArenaMapping:
         payload, fds = handshake(conn, self._timeout_s, self._token, with_fds=True)
-        facts = json.loads(bytes(payload))
+        try:
+            facts = parse_facts(payload)
+            if facts.get("arena_id") is None or facts.get("arena_bytes") is None:
+                raise ProtocolError(f"{address} sent no arena facts with its descriptor")
+        except ProtocolError:
+            for fd in fds:
+                close_fd(fd)
+            raise
         if len(fds) != 1:
             for fd in fds:
                 close_fd(fd)
@@ -116,7 +126,9 @@ class Routes:
             if mapping is not None and mapping.arena_id == facts["arena_id"]:
                 close_fd(fds[0])
                 return mapping
-        mapping = ArenaMapping(fds[0], int(facts["arena_bytes"]), facts["arena_id"])
+        ttl_s = facts.get("lease_ttl_ms", 5000) / 1000
+        mapping = ArenaMapping(fds[0], facts["arena_bytes"], facts["arena_id"],
+                               write_window_s=ttl_s / 2)
         with self._lock:
             self._mappings[address] = mapping
         return mapping

@@ -11,11 +11,14 @@ separate steps so that the client can run them on its IO threads in parallel.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gcache.errors import IOTimeout, ProtocolError
 from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
                           encode_keys, raise_for_status)
 from gcache.keys import checksum_stream
@@ -29,12 +32,24 @@ PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a
 
 @dataclass(frozen=True, slots=True)
 class Extent:
-    """Where a leased or allocated value lives in the arena."""
+    """Where a leased or allocated value lives in the arena; ``write_by_s`` (monotonic) is
+    when an allocated extent stops being safe to write (``ArenaMapping.write_window_s``)."""
 
     handle: int
     offset: int
     length: int
     checksum: int = 0
+    write_by_s: float = math.inf
+
+
+class WriteWindowPassed(IOTimeout):
+    """The server's TTL for an allocated extent is (nearly) over: writing on could land in
+    memory it has handed to another value."""
+
+
+def check_window(extent: Extent) -> None:
+    if time.monotonic() > extent.write_by_s:
+        raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
 
 
 def needs_shm(ch: Channel, buffer: Any, what: str) -> None:
@@ -60,12 +75,16 @@ def copy_out(mapping: ArenaMapping, extent: Extent, out: Any, *, verify: bool) -
 
 
 def copy_in(mapping: ArenaMapping, extent: Extent, value: Any) -> int:
-    """Copy ``value`` into an allocated extent; returns its checksum."""
+    """Copy ``value`` into an allocated extent; returns its checksum. Raises
+    WriteWindowPassed, before each chunk, once the extent's write window is over."""
     hasher = checksum_stream()
     if is_cuda_tensor(value):
+        check_window(extent)
         write_from_cuda(mapping, extent.offset, value, hasher)
-    else:
-        mapping.write_from(extent.offset, value, hasher)
+        return hasher.intdigest()
+    for start in range(0, extent.length, COPY_CHUNK):
+        check_window(extent)
+        mapping.write_from(extent.offset + start, value[start:start + COPY_CHUNK], hasher)
     return hasher.intdigest()
 
 
@@ -87,6 +106,7 @@ def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult
         return None
     extent = Extent(reply.handle, reply.offset, reply.length, reply.checksum)
     try:
+        ch.check_value_length(extent.length)
         target = memoryview(bytearray(extent.length)) if out is None else out
         check_fits(size_of(target), extent.length, "out")
         ok = copy_out(ch.mapping, extent, target, verify=verify)
@@ -103,16 +123,19 @@ def write_value(ch: Channel, key: bytes, value: Any, *, group: int = 0) -> Statu
     the whole value.
     """
     assert ch.mapping is not None
-    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size_of(value), handle=group))
+    size = size_of(value)
+    alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group))
     raise_for_status_except_space(alloc, "ALLOC")
     if alloc.status != Status.OK:
         return alloc.status
+    extent = _allocated(ch, alloc.handle, alloc.offset, alloc.length, size)
     if is_cuda_tensor(value):
-        digest = copy_in(ch.mapping, Extent(alloc.handle, alloc.offset, alloc.length), value)
+        digest = copy_in(ch.mapping, extent, value)
         _notify_written(ch, alloc.handle, 0, alloc.length)
     else:
         hasher = checksum_stream()
         for start in range(0, alloc.length, COPY_CHUNK):
+            check_window(extent)
             piece = value[start:start + COPY_CHUNK]
             ch.mapping.write_from(alloc.offset + start, piece, hasher)
             _notify_written(ch, alloc.handle, start, len(piece))
@@ -120,6 +143,15 @@ def write_value(ch: Channel, key: bytes, value: Any, *, group: int = 0) -> Statu
     reply = ch.reply(ch.request(Op.COMMIT, handle=alloc.handle, checksum=digest))
     raise_for_status_except_space(reply, "COMMIT")
     return reply.status
+
+
+def _allocated(ch: Channel, handle: int, offset: int, length: int, asked: int) -> Extent:
+    """The extent an ALLOC reply names, with its write window; ProtocolError when the server
+    answered another length than asked for."""
+    if length != asked:
+        raise ProtocolError(f"ALLOC of {asked} bytes answered with {length}")
+    assert ch.mapping is not None
+    return Extent(handle, offset, length, write_by_s=time.monotonic() + ch.mapping.write_window_s)
 
 
 def _notify_written(ch: Channel, handle: int, offset: int, length: int) -> None:
@@ -131,10 +163,14 @@ def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:
     """One BATCH_LEASE; None for each absent key."""
     reply = ch.reply(ch.request(Op.BATCH_LEASE, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "BATCH_LEASE")
-    raw = ch.payload(reply)
+    raw = ch.payload(reply, limit=len(keys) * LEASE_ENTRY.size)
+    if len(raw) != len(keys) * LEASE_ENTRY.size:
+        raise ProtocolError(f"BATCH_LEASE answered {len(raw)} bytes for {len(keys)} keys")
     extents: list[Extent | None] = []
     for i in range(len(keys)):
         status, handle, offset, length, csum = LEASE_ENTRY.unpack_from(raw, i * LEASE_ENTRY.size)
+        if status == Status.OK:
+            ch.check_value_length(length)
         extents.append(Extent(handle, offset, length, csum) if status == Status.OK else None)
     return extents
 
@@ -143,11 +179,12 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *,
                group: int = 0) -> list[Extent | None]:
     """Pipelined ALLOCs; None where the server had no space."""
     extents: list[Extent | None] = []
-    for reply in _pipelined(ch, [dict(key=k, length=n, handle=group)
-                                 for k, n in zip(keys, sizes)], Op.ALLOC):
+    for n, reply in enumerate(_pipelined(ch, [dict(key=k, length=size, handle=group)
+                                              for k, size in zip(keys, sizes)], Op.ALLOC)):
         raise_for_status_except_space(reply, "ALLOC")
         ok = reply.status == Status.OK
-        extents.append(Extent(reply.handle, reply.offset, reply.length) if ok else None)
+        extents.append(_allocated(ch, reply.handle, reply.offset, reply.length, sizes[n])
+                       if ok else None)
     return extents
 
 

@@ -13,15 +13,24 @@ Invariants:
 The file lives in /dev/shm and outlives the process, so a restarted server re-attaches to it
 (``recovery`` rebuilds the index). For that the arena is self-describing: every claimed span
 starts with a ``SEGMENT`` header carrying the record sequence number at its claim, and every
-record (``RECORD``) carries its own sequence number, which is always larger. Bytes left over from
-a span's previous use therefore have smaller numbers and are never mistaken for records. A value
-becomes valid only when its state is flipped to COMMITTED after its checksum was checked; a
-delete appends a TOMBSTONE. Pages are touched at start (``prefault``): first touches cost about
+record (``RECORD``) carries its own sequence number, which is always larger: the claim consumes a
+number of its own. Bytes left over from a span's previous use therefore have smaller numbers and
+are never mistaken for records. Every record header carries a check (xxh3 of its fields, the key
+and the state it is meant to reach), so a flipped bit in a key or a length makes the record
+unreadable instead of another key's value, and records start at ``ALIGN`` boundaries, so
+recovery can find the next record past one it cannot read. A value becomes valid only when its
+state is flipped to COMMITTED after its checksum was checked; a delete appends a TOMBSTONE
+(twice: one flipped byte must not undo a delete).
+
+The file is locked (``lockf``) while a server uses it, so a second server started on the same
+name by mistake refuses to start instead of allocating the same segments. POSIX locks belong to
+the process, so same-host clients holding the arena's descriptor never keep the lock alive. Pages are touched at start (``prefault``): first touches cost about
 10x a warm copy on these machines and must not land on the hot path.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import struct
@@ -30,19 +39,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
+from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT
 from gcache.errors import ConfigError, NoSpace
 
 # magic, state, reserved, key_len, length, checksum, seq, group (xxh3_64 of the placement
-# group the key was put with; 0 for none): a draining server needs it to find each key's owner.
-RECORD = struct.Struct("<IBBHQQQQ")
-RECORD_MAGIC = 0x32424F47            # b"GOB2" (the first format, without group, was b"GOBJ")
+# group the key was put with; 0 for none: a draining server needs it to find each key's owner),
+# header check (``header_check``).
+RECORD = struct.Struct("<IBBHQQQQQ")
+RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"GOBJ" no group)
+_CHECKED = struct.Struct("<BHQQQQ")  # state, key_len, length, checksum, seq, group
+_CHECK_SEED = 0x4743484B             # keeps header checks apart from value checksums
 STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 SEGMENT = struct.Struct("<IIQQ")     # magic, span, claim record seq, age
 SEGMENT_MAGIC = 0x47455347           # b"GSEG"
 SEGMENT_HEADER_BYTES = 64
 ALIGN = 64
 PAGE = 4096
+
+
+def header_check(state: int, key: bytes | memoryview, length: int, checksum: int, seq: int,
+                 group: int) -> int:
+    """xxh3_64 over a record's fields and key, for the state the record is meant to reach."""
+    hasher = xxhash.xxh3_64(_CHECKED.pack(state, len(key), length, checksum, seq, group),
+                            seed=_CHECK_SEED)
+    hasher.update(key)
+    return hasher.intdigest()
 
 
 def record_size(key_len: int, length: int) -> int:
@@ -82,15 +105,28 @@ class Arena:
         count = size_bytes // segment_size
         if count < 2:
             raise ConfigError("memory", size_bytes, "must hold at least two segments")
+        if not SHM_NAME_RULE.match(name):
+            raise ConfigError("shm_name", name, SHM_NAME_TEXT)
         self.name = name
         self.path = os.path.join("/dev/shm", name)
         self.segment_size = segment_size
         self.size_bytes = count * segment_size
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise ConfigError("shm_name", name, f"cannot create {self.path}: {exc}") from exc
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError("shm_name", name, f"{self.path} is in use by another running "
+                              "server; give each server its own --shm-name") from exc
+        try:
+            os.fchmod(fd, 0o600)
+            self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError("shm_name", name, f"cannot use {self.path}: {exc}") from exc
         try:
             if not self.attached:
                 os.ftruncate(fd, 0)                  # another size: start empty
@@ -159,8 +195,10 @@ class Arena:
         self._next_seq += 1
         for index in range(start, start + span):
             self.segments[index].head = start
+        # The claim takes a sequence number of its own: every record written here from now on
+        # is newer than it, every leftover of the span's previous use older.
         SEGMENT.pack_into(self.view, start * self.segment_size, SEGMENT_MAGIC, span,
-                          self._next_record_seq, head.seq)
+                          self.next_record_seq(), head.seq)
         if span == 1:
             self._open = head
         return head, start * self.segment_size + SEGMENT_HEADER_BYTES
@@ -233,9 +271,14 @@ class Arena:
     # ---- records ----------------------------------------------------------------------------
 
     def write_record_header(self, offset: int, *, state: int, key: bytes, length: int,
-                            checksum: int, seq: int, group: int = 0) -> None:
+                            checksum: int, seq: int, group: int = 0,
+                            final_state: int | None = None) -> None:
+        """Write a record header and key. ``final_state`` is the state ``set_record_state``
+        will flip it to (the header check covers that one); default ``state``."""
+        check = header_check(state if final_state is None else final_state, key, length,
+                             checksum, seq, group)
         RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, 0, len(key), length, checksum,
-                         seq, group)
+                         seq, group, check)
         self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
 
     def set_record_state(self, offset: int, state: int) -> None:

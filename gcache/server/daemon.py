@@ -3,7 +3,10 @@
 Threads are named and every loop watches ``stop``; shutdown closes the listener, shuts every
 client socket down (which wakes its handler), joins with a bound, and unlinks the arena.
 A connection over ``max_connections`` is closed at once rather than queued, so overload shows
-up as fast misses in the SDK and never as a stall. Same-host clients come in on the Unix socket,
+up as fast misses in the SDK and never as a stall. Connections that have not authenticated yet
+have slots of their own (``max_unauthenticated``): when they are full the oldest of them is cut
+off, so strangers that connect and stay silent can neither take the slots of authenticated
+clients nor keep a legitimate newcomer from getting through its handshake. Same-host clients come in on the Unix socket,
 where HELLO hands them the arena's descriptor; everything else about them is the same.
 """
 
@@ -46,10 +49,11 @@ class DataServer:
         self.hello = {"version": VERSION, "host_id": host_id(), "address": self.address,
                       "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
                       "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
-                      "max_value_size": config.max_value_size}
+                      "max_value_size": config.max_value_size,
+                      "lease_ttl_ms": int(config.lease_ttl_s * 1000)}
         self.stop = threading.Event()
         self._lock = threading.Lock()
-        self._conns: dict[StreamConnection, threading.Thread] = {}
+        self._conns: dict[StreamConnection, tuple[threading.Thread, ConnectionHandler]] = {}
         self._started_s = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._handoff: Handoff | None = None
@@ -98,21 +102,31 @@ class DataServer:
                 continue
             if conn is None:
                 continue
+            handler = ConnectionHandler(conn, self.tier, self.config,
+                                        stat_extra=self._stat_extra,
+                                        is_stopping=self.stop.is_set, hello=self.hello,
+                                        arena_fd=arena_fd)
             with self._lock:
-                if len(self._conns) >= self.config.max_connections:
+                waiting = [(h.opened_s, c) for c, (_, h) in self._conns.items()
+                           if not h.authenticated]
+                if len(self._conns) - len(waiting) >= self.config.max_connections:
                     log.warning("conn.refused peer=%s open=%d", conn.peer, len(self._conns))
                     conn.close()
                     continue
-                thread = threading.Thread(target=self._serve, args=(conn, arena_fd),
+                if len(waiting) >= self.config.max_unauthenticated:
+                    oldest = min(waiting, key=lambda w: w[0])[1]
+                    log.warning("conn.unauthenticated_dropped peer=%s waiting=%d", oldest.peer,
+                                len(waiting))
+                    oldest.shutdown()            # its handler wakes and closes it
+                    del self._conns[oldest]
+                thread = threading.Thread(target=self._serve, args=(conn, handler),
                                           daemon=True, name=f"gcache-conn-{conn.peer}")
-                self._conns[conn] = thread
+                self._conns[conn] = (thread, handler)
             thread.start()
 
-    def _serve(self, conn: StreamConnection, arena_fd: int | None) -> None:
+    def _serve(self, conn: StreamConnection, handler: ConnectionHandler) -> None:
         try:
-            ConnectionHandler(conn, self.tier, self.config, stat_extra=self._stat_extra,
-                              is_stopping=self.stop.is_set, hello=self.hello,
-                              arena_fd=arena_fd).serve()
+            handler.serve()
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
@@ -147,7 +161,7 @@ class DataServer:
         for conn, _ in conns:
             conn.shutdown()
         deadline = time.monotonic() + join_s
-        for thread in [t for _, t in conns] + self._threads:
+        for thread in [t for _, (t, _h) in conns] + self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches
 

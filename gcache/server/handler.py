@@ -9,6 +9,12 @@ connection is closed; a request that is well-framed but wrong (unknown handle, n
 error reply and the connection lives on. Whatever a connection leaves behind when it goes —
 writes never committed, leases never released — is aborted and released here, so a client that
 disconnects halfway through a write leaves nothing visible and pins nothing.
+
+What a peer can cost the server is what it sent: a handle works only on the connection that
+obtained it; an unauthenticated connection has ``auth_timeout_s`` to AUTH; a payload must arrive
+at ``min_transfer_rate`` (after one IO timeout of grace) or the connection is cut off and its
+space freed; key lists and tables are received into buffers that grow with the bytes that
+arrive, never allocated at the size a header declares.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 
 from gcache.config import ServerConfig
@@ -45,6 +52,8 @@ class ConnectionHandler:
         self._arena_fd = arena_fd           # set on Unix connections: HELLO passes the arena
         self._nonce = os.urandom(16)
         self._authenticated = config.token is None
+        self.opened_s = time.monotonic()
+        self._auth_deadline_s = self.opened_s + config.auth_timeout_s
         self.tier = tier
         self.config = config
         self.io_timeout_s = max(10.0, config.lease_ttl_s)
@@ -52,7 +61,7 @@ class ConnectionHandler:
         self._handles: set[int] = set()     # pins this connection holds
         self._max_payload = (max(config.max_value_size, config.memory)
                              + 65535 * (PUT_ENTRY.size + MAX_KEY_BYTES))
-        self._scratch = memoryview(bytearray(min(config.io_size, 1 << 20)))
+        self._scratch: memoryview | None = None     # made on the first drain: most never do
         self._dispatch: dict[Op, Callable[[Header, bytes], None]] = {
             Op.PUT: self._put, Op.GET: self._get, Op.ALLOC: self._alloc, Op.WRITE: self._write,
             Op.COMMIT: self._commit, Op.LEASE: self._lease, Op.READ: self._read,
@@ -61,15 +70,27 @@ class ConnectionHandler:
             Op.HELLO: self._hello_reply, Op.BATCH_LEASE: self._batch_lease, Op.AUTH: self._auth,
         }
 
+    @property
+    def authenticated(self) -> bool:
+        return self._authenticated
+
     def serve(self) -> None:
         try:
             while not self._is_stopping():
                 raw = bytearray(HEADER_SIZE)
+                timeout_s = self.io_timeout_s
+                if not self._authenticated:
+                    timeout_s = self._auth_deadline_s - time.monotonic()
+                    if timeout_s <= 0:
+                        log.warning("conn.auth_timeout peer=%s", self.conn.peer)
+                        return
                 try:
                     # One timeout for every IO on this socket (no per-request setsockopt); an
                     # idle client just waits through it, a half-sent header is a stall.
-                    if not self.conn.recv_into(memoryview(raw), timeout_s=self.io_timeout_s,
-                                               idle_ok=True):
+                    if not self.conn.recv_into(memoryview(raw), timeout_s=timeout_s,
+                                               idle_ok=True,
+                                               deadline_s=None if self._authenticated
+                                               else self._auth_deadline_s):
                         continue
                 except TransportError:
                     return                                     # client went away or stalled
@@ -107,11 +128,24 @@ class ConnectionHandler:
             if not fatal:
                 raise
 
+    def _deadline_s(self, n_bytes: int) -> float:
+        """When ``n_bytes`` must have arrived: one IO timeout of grace, then the minimum rate."""
+        return time.monotonic() + self.io_timeout_s + n_bytes / self.config.min_transfer_rate
+
+    def _recv_bytes(self, n_bytes: int) -> bytearray:
+        """A peer-declared payload (key lists, tables, proofs), grown as its bytes arrive."""
+        return self.conn.recv_growing(n_bytes, timeout_s=self.io_timeout_s,
+                                      deadline_s=self._deadline_s(n_bytes))
+
     def _drain(self, n_bytes: int) -> None:
         """Consume a payload we will not store, to keep the stream in sync."""
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(min(self.config.io_size, 1 << 20)))
+        deadline_s = self._deadline_s(n_bytes)
         while n_bytes:
             chunk = min(n_bytes, len(self._scratch))
-            self.conn.recv_into(self._scratch[:chunk], timeout_s=self.io_timeout_s)
+            self.conn.recv_into(self._scratch[:chunk], timeout_s=self.io_timeout_s,
+                                deadline_s=deadline_s)
             n_bytes -= chunk
 
     def _recv_value(self, key: bytes, length: int, expected: int | None, group: int) -> Status:
@@ -135,14 +169,17 @@ class ConnectionHandler:
         self._handles.discard(handle)
         return self._commit_status(handle, expected)
 
-    def _recv_extent(self, handle: int, offset: int, n_bytes: int) -> None:
-        """Receive ``n_bytes`` of a pending write; raises InvalidRequest before reading any."""
+    def _recv_extent(self, handle: int, offset: int, n_bytes: int) -> bool:
+        """Receive ``n_bytes`` of a pending write; raises InvalidRequest before reading any.
+        False when the write's TTL passed during the receive: it no longer exists."""
         target, hasher = self.tier.write_target(handle, offset, n_bytes)
         try:
-            self.conn.recv_into(target, timeout_s=self.io_timeout_s, hasher=hasher)
+            self.conn.recv_into(target, timeout_s=self.io_timeout_s, hasher=hasher,
+                                deadline_s=self._deadline_s(n_bytes))
         finally:
             target.release()
-        self.tier.write_done(handle)
+            in_time = self.tier.write_done(handle)
+        return in_time
 
     def _commit_status(self, handle: int, expected: int) -> Status:
         try:
@@ -188,22 +225,30 @@ class ConnectionHandler:
         self._handles.add(handle)
         self._reply(h, Status.OK, handle=handle, length=h.length, offset=offset)
 
+    def _owned(self, handle: int) -> int:
+        """``handle`` if this connection obtained it, else 0 (which no pin has): handles are
+        not capabilities to pass around."""
+        return handle if handle in self._handles else 0
+
     def _write(self, h: Header, key: bytes) -> None:
         if h.flags & FLAG_IN_PLACE:
             self._written_in_place(h)
             return
         try:
-            self._recv_extent(h.handle, h.offset, h.payload_len)
+            in_time = self._recv_extent(self._owned(h.handle), h.offset, h.payload_len)
         except InvalidRequest:
             self._drain(h.payload_len)
             self._reply(h, Status.UNKNOWN_HANDLE)
             return
-        self._reply(h, Status.OK)
+        if not in_time:
+            log.warning("write.expired peer=%s bytes=%d", self.conn.peer, h.payload_len)
+            self._handles.discard(h.handle)
+        self._reply(h, Status.OK if in_time else Status.UNKNOWN_HANDLE)
 
     def _written_in_place(self, h: Header) -> None:
         """A same-host client wrote these bytes itself: hash them now, while it copies on."""
         try:
-            view, hasher = self.tier.write_target(h.handle, h.offset, h.length)
+            view, hasher = self.tier.write_target(self._owned(h.handle), h.offset, h.length)
         except InvalidRequest:
             status = Status.UNKNOWN_HANDLE                 # COMMIT will say so too
         else:
@@ -216,8 +261,9 @@ class ConnectionHandler:
             self._reply(h, status)
 
     def _commit(self, h: Header, key: bytes) -> None:
-        status = self._commit_status(h.handle, h.checksum)
-        self._handles.discard(h.handle)
+        status = self._commit_status(self._owned(h.handle), h.checksum)
+        if status != Status.UNKNOWN_HANDLE:
+            self._handles.discard(h.handle)
         self._reply(h, status)
 
     def _lease(self, h: Header, key: bytes) -> None:
@@ -233,7 +279,7 @@ class ConnectionHandler:
 
     def _read(self, h: Header, key: bytes) -> None:
         try:
-            entry = self.tier.leased(h.handle)
+            entry = self.tier.leased(self._owned(h.handle))
         except InvalidRequest:
             self._reply(h, Status.UNKNOWN_HANDLE)
             return
@@ -248,21 +294,21 @@ class ConnectionHandler:
 
     def _release(self, h: Header, key: bytes) -> None:
         if h.count:
-            raw = self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s)
+            raw = self._recv_bytes(h.payload_len)
             handles = [HANDLE.unpack_from(raw, i * HANDLE.size)[0] for i in range(h.count)]
         else:
             handles = [h.handle]
         released = 0
         for handle in handles:
-            self._handles.discard(handle)
-            released += self.tier.release(handle)
+            if handle in self._handles and self.tier.release(handle):
+                self._handles.discard(handle)
+                released += 1
         if not h.flags & FLAG_NO_REPLY:
             self._reply(h, Status.OK if released == len(handles) else Status.UNKNOWN_HANDLE,
                         count=released)
 
     def _read_keys(self, h: Header) -> list[bytes]:
-        payload = self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s)
-        return decode_keys(payload, h.count)
+        return decode_keys(self._recv_bytes(h.payload_len), h.count)
 
     def _exists(self, h: Header, key: bytes) -> None:
         keys = self._read_keys(h)
@@ -294,7 +340,7 @@ class ConnectionHandler:
         table_len = h.count * PUT_ENTRY.size
         if table_len > h.payload_len:
             raise Refused(Status.BAD_REQUEST, f"{h.count} entries need a {table_len}-byte table")
-        table = self.conn.recv_exact(table_len, timeout_s=self.io_timeout_s)
+        table = self._recv_bytes(table_len)
         entries = [PUT_ENTRY.unpack_from(table, i * PUT_ENTRY.size) for i in range(h.count)]
         keys_len = sum(e[0] for e in entries)
         if (any(not 1 <= e[0] <= MAX_KEY_BYTES or e[1] == 0 or e[1] > self.config.max_value_size
@@ -302,7 +348,7 @@ class ConnectionHandler:
                 or table_len + keys_len + sum(e[1] for e in entries) != h.payload_len):
             raise Refused(Status.BAD_REQUEST,
                           "BATCH_PUT table does not match its payload or limits")
-        keys_blob = self.conn.recv_exact(keys_len, timeout_s=self.io_timeout_s)
+        keys_blob = self._recv_bytes(keys_len)
         statuses, pos = bytearray(), 0
         for key_len, length, expected in entries:
             entry_key = bytes(keys_blob[pos:pos + key_len])
@@ -323,7 +369,7 @@ class ConnectionHandler:
                                timeout_s=self.io_timeout_s)
 
     def _auth(self, h: Header, key: bytes) -> None:
-        proof = bytes(self.conn.recv_exact(h.payload_len, timeout_s=self.io_timeout_s))
+        proof = bytes(self._recv_bytes(h.payload_len))
         token = self.config.token
         if token is not None and not hmac.compare_digest(proof, auth_proof(token, self._nonce)):
             log.warning("conn.auth_failed peer=%s", self.conn.peer)

@@ -29,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--io-size", dest="io_size", help="largest single IO, e.g. 1MiB")
     parser.add_argument("--max-value-size", dest="max_value_size", help="largest value")
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
+    parser.add_argument("--auth-timeout", dest="auth_timeout_s",
+                        help="seconds a connection has to authenticate")
+    parser.add_argument("--min-transfer-rate", dest="min_transfer_rate",
+                        help="bytes/s a payload must arrive at after one IO timeout, e.g. 1MiB")
+    parser.add_argument("--max-connections", dest="max_connections",
+                        help="concurrent authenticated connections")
+    parser.add_argument("--max-unauthenticated", dest="max_unauthenticated",
+                        help="connections yet to authenticate (the oldest is cut off)")
     parser.add_argument("--unix-socket", dest="unix_socket",
                         help="same-host socket path, or 'off' (default /tmp/<shm-name>.sock)")
     parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN or the config "

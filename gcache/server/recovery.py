@@ -6,8 +6,11 @@ A restarted ``gcache-server`` with the same ``--shm-name`` and size finds its ar
   counted; a flipped byte costs one value, never a wrong one);
 - for each key only its newest record by sequence number; a newer TOMBSTONE deletes it.
 PENDING records (writes cut off by the crash) are skipped, so a write that was not committed is
-never visible. A walk stops at the first record that is not valid or older than its span's claim:
-beyond that lie leftovers of the span's previous use.
+never visible. A record whose header does not pass its check (a flipped byte in a key, a length,
+a sequence number) is dropped and counted, and the walk resumes at the next aligned position that
+holds a valid record newer than the span's claim: one bad header costs one value, not the rest of
+its span. Records older than the claim are leftovers of the span's previous use and are never
+taken, so the end of a span's records is simply where no newer valid record follows.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gcache.keys import checksum
-from gcache.server.arena import (RECORD, RECORD_MAGIC, SEGMENT, SEGMENT_HEADER_BYTES,
-                                 SEGMENT_MAGIC, STATE_COMMITTED, STATE_TOMBSTONE, Arena,
-                                 record_size, value_offset)
+from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT, SEGMENT_HEADER_BYTES,
+                                 SEGMENT_MAGIC, STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE,
+                                 Arena, header_check, record_size, value_offset)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,7 @@ class Recovered:
     max_seq: int = 0
     dropped_corrupt: int = 0
     dropped_pending: int = 0
+    dropped_headers: int = 0        # records whose header failed its check
 
 
 def scan(arena: Arena) -> Recovered:
@@ -56,6 +62,7 @@ def scan(arena: Arena) -> Recovered:
         if magic != SEGMENT_MAGIC or not 1 <= span <= count - index:
             index += 1
             continue
+        out.max_seq = max(out.max_seq, claim_seq)
         fill, keys = _walk(arena, index, span, claim_seq, newest, out)
         out.spans.append((index, span, age, fill, keys))
         index += span
@@ -70,17 +77,24 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
           newest: dict[bytes, tuple[int, Found | None]], out: Recovered) -> tuple[int, list[bytes]]:
     """Records of one span, newest-per-key into ``newest``; returns the span's fill and keys."""
     view, start = arena.view, head * arena.segment_size
-    limit, pos, keys = start + span * arena.segment_size, start + SEGMENT_HEADER_BYTES, []
+    limit, keys = start + span * arena.segment_size, []
+    pos = fill = start + SEGMENT_HEADER_BYTES
     while pos + RECORD.size <= limit:
-        magic, state, _, key_len, length, stored, seq, group = RECORD.unpack_from(view, pos)
-        end = pos + record_size(key_len, length)
-        if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
-            break
-        key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
+        record = _read_header(view, pos, limit, claim_seq)
+        if record is None:
+            found = _next_record(view, pos + ALIGN, limit, claim_seq)
+            if found is not None or _looks_like_ours(view, pos, claim_seq):
+                out.dropped_headers += 1          # not the end of the span: a damaged header
+                log.error("recovery.bad_header offset=%d", pos)
+            if found is None:
+                break
+            pos = found
+            continue
+        state, key, length, stored, seq, group, end = record
         keys.append(key)
         out.max_seq = max(out.max_seq, seq)
         if state == STATE_COMMITTED:
-            value = value_offset(pos, key_len)
+            value = value_offset(pos, len(key))
             if checksum(view[value:value + length]) == stored:
                 _keep(newest, key, seq,
                       Found(key, seq, pos, value, length, stored, head, group))
@@ -91,8 +105,43 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
             _keep(newest, key, seq, None)
         else:
             out.dropped_pending += 1
-        pos = end
-    return pos - start, keys
+        pos = fill = end
+    return fill - start, keys
+
+
+def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int) -> tuple | None:
+    """(state, key, length, checksum, seq, group, end) of a valid record at ``pos`` newer than
+    the span's claim, or None. A PENDING record may carry the check of either state: COMMIT
+    writes the committed check before it flips the state."""
+    magic, state, _, key_len, length, stored, seq, group, check = RECORD.unpack_from(view, pos)
+    end = pos + record_size(key_len, length)
+    if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
+        return None
+    key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
+    states = (STATE_PENDING, STATE_COMMITTED) if state == STATE_PENDING else (state,)
+    if state not in (STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE) or all(
+            header_check(s, key, length, stored, seq, group) != check for s in states):
+        return None
+    return state, key, length, stored, seq, group, end
+
+
+def _looks_like_ours(view: memoryview, pos: int, claim_seq: int) -> bool:
+    """A header that was written in this span's life (rather than a leftover or the end)."""
+    magic, *_, seq, _group, _check = RECORD.unpack_from(view, pos)
+    return magic == RECORD_MAGIC and seq > claim_seq
+
+
+def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int) -> int | None:
+    """The next aligned offset from ``pos`` holding a valid record newer than the claim."""
+    if pos + RECORD.size > limit:
+        return None
+    words = np.frombuffer(view, dtype="<u4", count=(limit - pos) // 4, offset=pos)
+    for step in np.flatnonzero(words[::ALIGN // 4] == RECORD_MAGIC):
+        candidate = pos + int(step) * ALIGN
+        if candidate + RECORD.size <= limit and \
+                _read_header(view, candidate, limit, claim_seq) is not None:
+            return candidate
+    return None
 
 
 def _keep(newest: dict[bytes, tuple[int, Found | None]], key: bytes, seq: int,

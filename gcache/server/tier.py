@@ -5,7 +5,10 @@ Invariants (all under ``_lock``; value bytes are copied outside it, protected by
   is abandoned or mismatches is never visible.
 - Every lease and every pending write pins its span; pins are dropped on RELEASE / COMMIT /
   abort, or by ``reap_expired`` once ``lease_ttl_s`` has passed, so a dead client cannot pin
-  memory for longer than that. Pins the server takes for its own single-frame transfers (GET,
+  memory for longer than that. A pending write whose bytes are being received when its TTL
+  passes is not dropped under the receive (the bytes would land in reused memory): it is marked
+  expired, refuses further writes and its COMMIT, and is dropped when that receive ends, which
+  the connection's transfer deadline bounds. Pins the server takes for its own single-frame transfers (GET,
   PUT, batches) do not expire: the handler drops them itself, and a stalled peer is cut off by
   the connection's IO timeout, so a slow 1 GiB transfer is never evicted from under itself.
 - Replacing or deleting a key leaves the old record's bytes in place until its span is evicted,
@@ -56,6 +59,8 @@ class Pin:
     hasher: Any = None         # running xxh3 of in-order writes; None once order is lost
     hashed: int = 0            # bytes covered (or claimed) by ``hasher``
     hashing: bool = False      # a write feeding ``hasher`` is in flight
+    writers: int = 0           # receives into the extent in progress (``write_target`` taken)
+    expired: bool = False      # the TTL passed during a receive: dropped when it ends
 
 
 @dataclass(slots=True)
@@ -101,10 +106,10 @@ class HotTier:
             self._index[key] = Entry(key, value.record, value.value, value.length,
                                      value.checksum, head, group=value.group)
         self.counters.recovered_objects = len(found.values)
-        self.counters.checksum_failures += found.dropped_corrupt
-        log.info("tier.recovered objects=%d spans=%d corrupt=%d uncommitted=%d",
+        self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
+        log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d",
                  len(found.values), len(found.spans), found.dropped_corrupt,
-                 found.dropped_pending)
+                 found.dropped_headers, found.dropped_pending)
 
     # ---- writes -----------------------------------------------------------------------------
 
@@ -137,7 +142,7 @@ class HotTier:
         """
         with self._lock:
             pin = self._pins.get(handle)
-            if pin is None or not pin.pending:
+            if pin is None or not pin.pending or pin.expired:
                 raise InvalidRequest(f"handle {handle} is not a write in flight")
             entry = pin.entry
             if offset + n_bytes > entry.length:
@@ -148,13 +153,25 @@ class HotTier:
                 hasher, pin.hashed, pin.hashing = pin.hasher, offset + n_bytes, True
             else:
                 pin.hasher = None                  # out of order or concurrent: hash at COMMIT
+            pin.writers += 1
         return self.arena.view[entry.value + offset:entry.value + offset + n_bytes], hasher
 
-    def write_done(self, handle: int) -> None:
+    def write_done(self, handle: int) -> bool:
+        """End a ``write_target``; False when the write's TTL passed meanwhile (it is dropped
+        now, and the bytes just received count for nothing)."""
         with self._lock:
             pin = self._pins.get(handle)
-            if pin is not None:
-                pin.hashing = False
+            if pin is None:
+                return False
+            pin.hashing = False
+            pin.writers -= 1
+            if not pin.expired:
+                return True
+            if pin.writers == 0:
+                del self._pins[handle]
+                pin.entry.head.pins -= 1
+                self.counters.expired_pins += 1
+            return False
 
     def commit(self, handle: int, expected: int, *, if_absent: bool = False) -> bool:
         """Make a pending write visible if its bytes match ``expected`` (xxh3_64). With
@@ -165,7 +182,7 @@ class HotTier:
         """
         with self._lock:
             pin = self._pins.pop(handle, None)
-            if pin is None or not pin.pending:
+            if pin is None or not pin.pending or pin.expired or pin.writers:
                 if pin is not None:
                     self._pins[handle] = pin
                 raise InvalidRequest(f"handle {handle} is not a write in flight")
@@ -185,7 +202,8 @@ class HotTier:
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
-                                           seq=self.arena.next_record_seq(), group=entry.group)
+                                           seq=self.arena.next_record_seq(), group=entry.group,
+                                           final_state=STATE_COMMITTED)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._index[entry.key] = entry
             self.counters.puts += 1
@@ -198,6 +216,9 @@ class HotTier:
         with self._lock:
             pin = self._pins.get(handle)
             if pin is not None and pin.pending:
+                if pin.writers:
+                    pin.expired = True             # the receive in progress drops it
+                    return
                 del self._pins[handle]
                 pin.entry.head.pins -= 1
 
@@ -237,19 +258,26 @@ class HotTier:
             return key in self._index
 
     def delete(self, key: bytes) -> bool:
-        """Forget ``key``; a TOMBSTONE record keeps it forgotten across a restart."""
+        """Forget ``key``; TOMBSTONE records keep it forgotten across a restart. There are two,
+        in one allocation, so that one flipped byte cannot bring the deleted value back."""
         with self._lock:
             entry = self._index.pop(key, None)
             if entry is None:
                 return False
             self.counters.deletes += 1
+            one = record_size(len(key), 0)
             try:
-                head, record = self.arena.allocate(record_size(len(key), 0))   # never waits
+                head, record = self._allocate(2 * one, ALLOC_WAIT_S)
             except NoSpace:
-                log.warning("tier.tombstone_lost reason=no_space")   # only a restart can tell
+                # Unmake the value's own record instead: a restart then skips it as never
+                # committed (an older version elsewhere in the arena could still come back).
+                self.arena.set_record_state(entry.record, STATE_PENDING)
+                log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True
-            self.arena.write_record_header(record, state=STATE_TOMBSTONE, key=key, length=0,
-                                           checksum=0, seq=self.arena.next_record_seq())
+            for offset in (record, record + one):
+                self.arena.write_record_header(offset, state=STATE_TOMBSTONE, key=key,
+                                               length=0, checksum=0,
+                                               seq=self.arena.next_record_seq())
             head.keys.append(key)
             return True
 
@@ -259,10 +287,16 @@ class HotTier:
         """Drop pins whose TTL passed; returns how many."""
         now_s = time.monotonic() if now_s is None else now_s
         with self._lock:
-            expired = [h for h, pin in self._pins.items() if pin.expires_s <= now_s]
+            expired = [h for h, pin in self._pins.items()
+                       if pin.expires_s <= now_s and not pin.expired]
             for handle in expired:
-                self._pins.pop(handle).entry.head.pins -= 1
-            self.counters.expired_pins += len(expired)
+                pin = self._pins[handle]
+                if pin.writers:
+                    pin.expired = True             # dropped when its receive ends
+                    continue
+                del self._pins[handle]
+                pin.entry.head.pins -= 1
+                self.counters.expired_pins += 1
         return len(expired)
 
     def stats(self) -> dict[str, int]:
@@ -347,7 +381,8 @@ class HotTier:
                 view[entry.value:entry.value + entry.length]
             self.arena.write_record_header(record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=entry.checksum,
-                                           seq=self.arena.next_record_seq(), group=entry.group)
+                                           seq=self.arena.next_record_seq(), group=entry.group,
+                                           final_state=STATE_COMMITTED)
             self.arena.set_record_state(record, STATE_COMMITTED)
             head.keys.append(entry.key)
             self._index[entry.key] = moved

@@ -6,6 +6,9 @@ one; the reply carries the server's facts as JSON and, on a Unix socket, the are
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from gcache.errors import AuthFailed, ProtocolError
 from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
                           unpack_header)
@@ -43,3 +46,26 @@ def exchange(conn: StreamConnection, request: Header, payload: bytes, timeout_s:
             close_fd(fd)
         raise ProtocolError(f"{request.op.name} answered with {reply.op.name}")
     return reply, conn.recv_exact(reply.payload_len, timeout_s=timeout_s), fds
+
+
+# Facts a client acts on, and the type each must have; others are informational.
+_FACT_TYPES: dict[str, type] = {"host_id": str, "unix_socket": str, "arena_id": str,
+                                "arena_bytes": int, "lease_ttl_ms": int}
+
+
+def parse_facts(payload: bytes | bytearray) -> dict[str, Any]:
+    """The HELLO facts as a dict; ProtocolError when they are not a JSON object or a fact the
+    client acts on has the wrong type (a lying or broken server is a miss, not a crash)."""
+    try:
+        facts = json.loads(bytes(payload))
+    except ValueError as exc:
+        raise ProtocolError(f"HELLO facts are not JSON: {exc}") from None
+    if not isinstance(facts, dict):
+        raise ProtocolError("HELLO facts are not a JSON object")
+    for name, kind in _FACT_TYPES.items():
+        value = facts.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ProtocolError(f"HELLO fact {name!r} is {value!r}; must be {kind.__name__}")
+        if kind is int and value is not None and value < 0:
+            raise ProtocolError(f"HELLO fact {name!r} is {value}; must not be negative")
+    return facts

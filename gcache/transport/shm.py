@@ -42,12 +42,30 @@ def host_id() -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def _is_served(path: str) -> bool:
+    """Whether a live process accepts connections on the Unix socket at ``path``."""
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 class UnixListener:
     """A listening Unix socket at ``path`` (mode 0600) that hands out StreamConnections."""
 
     def __init__(self, path: str, *, io_size: int) -> None:
         self.path = path
         self.io_size = io_size
+        if _is_served(path):
+            raise ConnectFailed(f"cannot listen on unix socket {path}: another server is "
+                                "listening there; give each server its own --unix-socket")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if os.path.exists(path):
@@ -96,8 +114,14 @@ class ArenaMapping:
     client can tell a restarted server's new arena from the old one.
     """
 
-    def __init__(self, fd: int, size_bytes: int, arena_id: str) -> None:
+    def __init__(self, fd: int, size_bytes: int, arena_id: str, *,
+                 write_window_s: float = 2.5) -> None:
         try:
+            # Mapped past the file's end, a read would be a SIGBUS, not an error: a server
+            # that names a larger arena than the descriptor holds is refused.
+            if os.fstat(fd).st_size < size_bytes:
+                raise ConnectionLost(f"server named a {size_bytes}-byte arena; its descriptor "
+                                     f"holds {os.fstat(fd).st_size}")
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self._mmap = mmap.mmap(fd, size_bytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
@@ -107,6 +131,9 @@ class ArenaMapping:
             os.close(fd)
         self.size_bytes = size_bytes
         self.arena_id = arena_id
+        # How long after ALLOC this client may still write into an extent: half the server's
+        # lease TTL, after which the server may reclaim the extent for someone else's value.
+        self.write_window_s = write_window_s
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)
         self.cuda_registered = False
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from collections.abc import Sequence
 
 from gcache.errors import ConnectionLost, IOTimeout
@@ -91,16 +92,26 @@ class StreamConnection:
                     sent = 0
 
     def recv_into(self, buf: memoryview, *, timeout_s: float | None,
-                  hasher: Hasher | None = None, idle_ok: bool = False) -> bool:
+                  hasher: Hasher | None = None, idle_ok: bool = False,
+                  deadline_s: float | None = None) -> bool:
         """Fill ``buf``; with ``hasher``, feed it each piece while the piece is still in cache.
 
         With ``idle_ok``, a timeout before the first byte returns False (an idle peer) instead
-        of raising IOTimeout; a timeout after it is a stall and raises.
+        of raising IOTimeout; a timeout after it is a stall and raises. ``deadline_s`` (a
+        ``time.monotonic()`` instant) bounds the whole transfer: ``timeout_s`` alone is per IO,
+        so a peer trickling a byte at a time would never reach it.
         """
         self._set_timeout(timeout_s)
         got, total = 0, len(buf)
         try:
             while got < total:
+                if deadline_s is not None:
+                    left_s = deadline_s - time.monotonic()
+                    if left_s <= 0:
+                        raise IOTimeout(f"recv from {self.peer} too slow: {got} of {total} "
+                                        "bytes by its deadline")
+                    if timeout_s is None or left_s < timeout_s:
+                        self._set_timeout(left_s)
                 if self._rpos < self._rend:               # bytes already read ahead
                     n = min(total - got, self._rend - self._rpos)
                     buf[got:got + n] = self._rview[self._rpos:self._rpos + n]
@@ -129,10 +140,21 @@ class StreamConnection:
         except OSError as exc:
             raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
 
-    def recv_exact(self, n_bytes: int, *, timeout_s: float | None) -> bytearray:
+    def recv_exact(self, n_bytes: int, *, timeout_s: float | None,
+                   deadline_s: float | None = None) -> bytearray:
         buf = bytearray(n_bytes)
         if n_bytes:
-            self.recv_into(memoryview(buf), timeout_s=timeout_s)
+            self.recv_into(memoryview(buf), timeout_s=timeout_s, deadline_s=deadline_s)
+        return buf
+
+    def recv_growing(self, n_bytes: int, *, timeout_s: float | None,
+                     deadline_s: float | None = None, step: int = 64 * 1024) -> bytearray:
+        """``recv_exact`` whose buffer grows with the bytes that arrive, so a peer that only
+        declares a large payload costs a step of memory, not the declared size."""
+        buf = bytearray()
+        while len(buf) < n_bytes:
+            buf += self.recv_exact(min(step, n_bytes - len(buf)), timeout_s=timeout_s,
+                                   deadline_s=deadline_s)
         return buf
 
     def shutdown(self) -> None:
