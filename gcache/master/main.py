@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -53,6 +54,7 @@ def announce(group: RaftGroup, grpc_address: str, stop: threading.Event) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(0o077)           # the journal, snapshots and id files are the cluster's own
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -62,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"gcache-master: {exc}\n")
         return 2
     log.info("master.config %s", " ".join(f"{k}={v}" for k, v in redacted(config).items()))
-    group = RaftGroup(config.raft, config.peers or (config.raft,), config.data_dir)
+    group = RaftGroup(config.raft, config.peers or (config.raft,), config.data_dir,
+                      token=config.token)
     liveness = Liveness(group, config)
     if config.metrics_listen:
         from gcache.master.metrics import serve_metrics
-        serve_metrics(config.metrics_listen, group)
+        serve_metrics(config.metrics_listen, group, token=config.token)
     interceptors = (TokenCheck(config.token),) if config.token else ()
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)

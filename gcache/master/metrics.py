@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gcache.master.raft import RaftGroup
+from gcache.metrics_http import serve_metrics_http
 from gcache.master.state import STATES
 
 
@@ -29,8 +30,9 @@ class MasterCollector(Collector):
         yield servers
 
 
-def serve_metrics(address: str, group: RaftGroup) -> None:
-    """Register the collector and serve /metrics on ``address`` from a daemon thread."""
+def serve_metrics(address: str, group: RaftGroup, *, token: str | None) -> None:
+    """Register the collector and serve /metrics on ``address`` from a daemon thread, behind
+    the cluster token when there is one."""
     REGISTRY.register(MasterCollector(group))
-    host, _, port = address.rpartition(":")
-    start_http_server(int(port), addr=host)
+    serve_metrics_http(address, lambda: generate_latest(REGISTRY), token=token,
+                       content_type=CONTENT_TYPE_LATEST)

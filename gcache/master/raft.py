@@ -3,7 +3,14 @@
 ``RaftGroup`` replicates ``ClusterState`` commands. A command submitted on a follower is
 forwarded to the leader by pysyncobj; ``submit`` waits for it to be applied here, or raises
 ``Unavailable`` (no leader, no quorum, timeout). pysyncobj's failure codes and exceptions never
-leave this module. The journal and snapshots live in ``data_dir``, so a restarted member comes
+leave this module.
+
+pysyncobj unpickles what arrives on the Raft port, so an open port would run any peer's code.
+With a cluster token it is pysyncobj's ``password``: every message, the first included, is
+Fernet-encrypted and authenticated (HMAC-SHA256) under a key derived from it, and one that does
+not verify is dropped with its connection before anything is unpickled; each connection also
+agrees on a random session key, so recorded messages cannot be replayed on another. Without a
+token the config keeps the Raft address on loopback. The journal and snapshots live in ``data_dir``, so a restarted member comes
 back with the state it had.
 """
 
@@ -38,14 +45,16 @@ class RaftGroup:
     """One member of the group at ``self_addr`` (HOST:PORT) with ``peers``."""
 
     def __init__(self, self_addr: str, peers: Sequence[str], data_dir: str, *,
+                 token: str | None = None,
                  election_timeout_s: tuple[float, float] = (0.4, 1.4)) -> None:
-        os.makedirs(data_dir, exist_ok=True)
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
         conf = SyncObjConf(journalFile=os.path.join(data_dir, "raft.journal"),
                            fullDumpFile=os.path.join(data_dir, "raft.dump"),
                            raftMinTimeout=election_timeout_s[0],
                            raftMaxTimeout=election_timeout_s[1],
                            connectionTimeout=2.0, connectionRetryTime=1.0,
-                           leaderFallbackTimeout=5.0, dynamicMembershipChange=False)
+                           leaderFallbackTimeout=5.0, dynamicMembershipChange=False,
+                           password=token)
         self.self_addr = self_addr
         self.changed = threading.Condition()
         self._replica = _Replica(self_addr, [p for p in peers if p != self_addr], conf,

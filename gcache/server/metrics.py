@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gcache.transport.tcp import parse_address
+from gcache.metrics_http import serve_metrics_http
 
 if TYPE_CHECKING:
     from gcache.server.daemon import DataServer
@@ -57,7 +57,8 @@ def _per_tier(tiers: dict[str, dict[str, int]]):
 
 
 def serve_metrics(address: str, server: DataServer) -> None:
-    """Register the collector and serve /metrics on ``address`` from a daemon thread."""
+    """Register the collector and serve /metrics on ``address`` from a daemon thread, behind
+    the cluster token when there is one."""
     REGISTRY.register(TierCollector(server))
-    host, port = parse_address(address)
-    start_http_server(port, addr=host)
+    serve_metrics_http(address, lambda: generate_latest(REGISTRY), token=server.config.token,
+                       content_type=CONTENT_TYPE_LATEST)
