@@ -293,12 +293,16 @@ class Arena:
                    for s in self.segments if s.head == s.index)
 
     def close(self, *, unlink: bool) -> None:
+        """Unmap and close (once: a descriptor number closed twice may be someone else's)."""
+        if self.fd < 0:
+            return
         try:
             self.view.release()
             self._mmap.close()
         except BufferError:
             pass           # a handler thread still holds a slice; the process is exiting anyway
         os.close(self.fd)
+        self.fd = -1
         if unlink:
             try:
                 os.unlink(self.path)

@@ -1,0 +1,182 @@
+"""What a restart keeps, record by record: the arena's own tier in-process, closed and reopened
+on the same shared-memory file as a restarted server does (SIGKILL leaves the same bytes).
+
+Each test pins one defect found under faults: a segment opened by a record other than a
+committed PUT (an uncommitted write, a tombstone, a second-chance re-append) hid every later
+value of that segment; a flipped bit in a key served one key's value under another; a flipped
+byte in a header lost the rest of its segment.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from gcache.keys import checksum
+from gcache.server.arena import RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES
+from gcache.server.tier import HotTier
+
+SEG = 64 * 1024
+SEGMENTS = 8
+
+
+@pytest.fixture
+def arena_name():
+    name = f"gcache-recovery-{uuid.uuid4().hex[:8]}"
+    opened: list[HotTier] = []
+
+    def open_tier() -> HotTier:
+        tier = HotTier(name=name, size_bytes=SEGMENTS * SEG, segment_size=SEG, prefault=False,
+                       lease_ttl_s=60.0)
+        opened.append(tier)
+        return tier
+
+    yield open_tier
+    for tier in opened:
+        tier.close(unlink=True)
+
+
+def restart(tier: HotTier, open_tier) -> HotTier:
+    tier.close(unlink=False)
+    return open_tier()
+
+
+def put(tier: HotTier, key: bytes, value: bytes) -> None:
+    handle, _, target = tier.alloc(key, len(value))
+    target[:] = value
+    target.release()
+    tier.commit(handle, checksum(value))
+
+
+def read(tier: HotTier, key: bytes) -> bytes | None:
+    leased = tier.lease(key)
+    if leased is None:
+        return None
+    handle, _, view = leased
+    try:
+        return bytes(view)
+    finally:
+        view.release()
+        tier.release(handle)
+
+
+def value(i: int, size: int = 3000) -> bytes:
+    return (f"value-{i}-".encode() * (size // 8 + 1))[:size]
+
+
+def fill_open_segment(tier: HotTier, prefix: str) -> dict[bytes, bytes]:
+    """Put values until one lands in a new segment (a committed PUT opens it)."""
+    written: dict[bytes, bytes] = {}
+    start = None
+    for i in range(10_000):
+        key, val = f"{prefix}{i}".encode(), value(i)
+        put(tier, key, val)
+        written[key] = val
+        index = tier.arena.segment_of(record_offset(tier, key)).index
+        if start is None:
+            start = index
+        elif index != start:
+            return written
+    raise AssertionError("no new segment was opened")
+
+
+def record_offset(tier: HotTier, key: bytes) -> int:
+    return tier._index[key].record
+
+
+def test_an_uncommitted_write_opening_a_segment_hides_nothing(arena_name):
+    tier = arena_name()
+    torn, _, view = tier.alloc(b"torn", 5000)          # the first record of the first segment
+    view.release()
+    expected = {f"k{i}".encode(): value(i) for i in range(12)}
+    for key, val in expected.items():
+        put(tier, key, val)
+    tier = restart(tier, arena_name)
+    assert {key: read(tier, key) for key in expected} == expected
+    assert read(tier, b"torn") is None
+    assert tier.counters.recovered_objects == len(expected)
+
+
+def test_a_tombstone_opening_a_segment_keeps_the_delete_and_what_follows(arena_name):
+    tier = arena_name()
+    put(tier, b"doomed", value(99))
+    expected = fill_open_segment(tier, "a")
+    pad = 0
+    while tier.arena._open.fill + 128 <= tier.arena.segment_size:   # two 64-byte tombstones
+        key = f"pad{pad}".encode()
+        put(tier, key, b"p")
+        expected[key] = b"p"
+        pad += 1
+    full = tier.arena._open.index
+    assert tier.delete(b"doomed")
+    assert tier.arena._open.index != full                # the tombstones opened a segment
+    after = {f"b{i}".encode(): value(i) for i in range(5)}
+    for key, val in after.items():
+        put(tier, key, val)
+    expected.update(after)
+    tier = restart(tier, arena_name)
+    assert read(tier, b"doomed") is None                 # the delete survived
+    assert {key: read(tier, key) for key in expected} == expected
+
+
+def test_a_second_chance_reappend_opening_a_segment_hides_nothing(arena_name):
+    tier = arena_name()
+    expected = fill_open_segment(tier, "c")
+    tier.arena._open = None                              # the next allocation opens a segment
+    first = next(iter(expected))
+    assert read(tier, first) == expected[first]
+    assert tier.reappend(tier._index[first])             # the first record of a new segment
+    after = {f"d{i}".encode(): value(i) for i in range(5)}
+    for key, val in after.items():
+        put(tier, key, val)
+    expected.update(after)
+    tier = restart(tier, arena_name)
+    assert {key: read(tier, key) for key in expected} == expected
+
+
+def test_a_flipped_bit_in_a_key_is_a_miss_never_another_keys_value(arena_name):
+    tier = arena_name()
+    put(tier, b"key-C", b"the value of C" * 10)
+    put(tier, b"key-A", b"the value of A" * 10)        # newer: it would win for its key
+    offset = record_offset(tier, b"key-A") + RECORD.size + 4
+    assert bytes(tier.arena.view[offset:offset + 1]) == b"A"
+    tier.arena.view[offset] ^= 0x02                      # "key-A" reads "key-C" now
+    tier = restart(tier, arena_name)
+    assert read(tier, b"key-C") == b"the value of C" * 10
+    assert read(tier, b"key-A") is None
+    assert tier.counters.checksum_failures == 1
+
+
+@pytest.mark.parametrize("field_offset", [6, 8, 16, 24, 32, 40])   # key_len .. header check
+def test_a_flipped_byte_in_a_header_costs_one_value(arena_name, field_offset):
+    tier = arena_name()
+    expected = {f"h{i}".encode(): value(i, 1000 + 37 * i) for i in range(10)}
+    for key, val in expected.items():
+        put(tier, key, val)
+    victim = b"h3"
+    tier.arena.view[record_offset(tier, victim) + field_offset] ^= 0x10
+    tier = restart(tier, arena_name)
+    del expected[victim]
+    assert {key: read(tier, key) for key in expected} == expected
+    assert read(tier, victim) is None
+    assert tier.counters.checksum_failures == 1
+
+
+def test_one_flipped_byte_in_a_tombstone_does_not_undo_the_delete(arena_name):
+    tier = arena_name()
+    put(tier, b"gone", b"old value")
+    assert tier.delete(b"gone")
+    view = tier.arena.view
+    start = SEGMENT_HEADER_BYTES
+    tombstones = []
+    pos = start
+    while pos + RECORD.size <= tier.arena.segment_size:
+        magic, state, *_ = RECORD.unpack_from(view, pos)
+        if magic == RECORD_MAGIC and state == 3:
+            tombstones.append(pos)
+        pos += 64
+    assert len(tombstones) == 2
+    view[tombstones[0] + 4] ^= 0x01                      # TOMBSTONE -> another state
+    tier = restart(tier, arena_name)
+    assert read(tier, b"gone") is None
