@@ -70,6 +70,7 @@ class ServerConfig:
     max_connections: int = 1024             # concurrent authenticated client connections
     max_unauthenticated: int = 64           # connections yet to AUTH; the oldest goes first
     auth_timeout_s: float = 5.0             # seconds a connection has to authenticate
+    io_timeout_s: float = 10.0              # seconds one IO may stall (at least lease_ttl_s)
     min_transfer_rate: int = 1 * MiB        # bytes/s a payload must arrive at, after a grace
                                             # of one IO timeout; slower senders are cut off
     prefault: bool = True                   # touch every arena page at start
@@ -112,6 +113,7 @@ class ServerConfig:
                "must be positive")
         _check("auth_timeout_s", self.auth_timeout_s, self.auth_timeout_s > 0,
                "must be positive")
+        _check("io_timeout_s", self.io_timeout_s, self.io_timeout_s > 0, "must be positive")
         _check("min_transfer_rate", self.min_transfer_rate, self.min_transfer_rate >= 1,
                "must be positive (bytes per second)")
         _check("shm_name", self.shm_name,

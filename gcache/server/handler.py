@@ -56,7 +56,7 @@ class ConnectionHandler:
         self._auth_deadline_s = self.opened_s + config.auth_timeout_s
         self.tier = tier
         self.config = config
-        self.io_timeout_s = max(10.0, config.lease_ttl_s)
+        self.io_timeout_s = max(config.io_timeout_s, config.lease_ttl_s)
         self._stat_extra = stat_extra
         self._handles: set[int] = set()     # pins this connection holds
         self._max_payload = (max(config.max_value_size, config.memory)

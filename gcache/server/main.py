@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
     parser.add_argument("--auth-timeout", dest="auth_timeout_s",
                         help="seconds a connection has to authenticate")
+    parser.add_argument("--io-timeout", dest="io_timeout_s",
+                        help="seconds one IO may stall before the connection is dropped")
     parser.add_argument("--min-transfer-rate", dest="min_transfer_rate",
                         help="bytes/s a payload must arrive at after one IO timeout, e.g. 1MiB")
     parser.add_argument("--max-connections", dest="max_connections",
