@@ -12,20 +12,21 @@ Invariants:
 
 The file lives in /dev/shm and outlives the process, so a restarted server re-attaches to it
 (``recovery`` rebuilds the index). For that the arena is self-describing: every claimed span
-starts with a ``SEGMENT`` header carrying the record sequence number at its claim, and every
-record (``RECORD``) carries its own sequence number, which is always larger: the claim consumes a
-number of its own. Bytes left over from a span's previous use therefore have smaller numbers and
-are never mistaken for records. Every record header carries a check (xxh3 of its fields, the key
-and the state it is meant to reach), so a flipped bit in a key or a length makes the record
-unreadable instead of another key's value, and records start at ``ALIGN`` boundaries, so
-recovery can find the next record past one it cannot read. A value becomes valid only when its
-state is flipped to COMMITTED after its checksum was checked; a delete appends a TOMBSTONE
-(twice: one flipped byte must not undo a delete).
+starts with a ``SEGMENT`` header (two checked copies) carrying the record sequence number of its
+claim, and every record (``RECORD``) carries its own sequence number, which is always larger:
+the claim consumes a number of its own. Bytes left over from a span's previous use therefore
+have smaller numbers and are never mistaken for records. Every record header carries a check
+(xxh3 of its fields, the key and the state it is meant to reach), so a flipped bit in a key or a
+length makes the record unreadable instead of another key's value, and records start at
+``ALIGN`` boundaries, so recovery can find the next record past one it cannot read. A value
+becomes valid only when its state is flipped to COMMITTED after its checksum was checked; a
+delete appends a TOMBSTONE (twice: one flipped byte must not undo a delete). Pages are touched
+at start (``prefault``): first touches cost about 10x a warm copy on these machines and must not
+land on the hot path.
 
 The file is locked (``lockf``) while a server uses it, so a second server started on the same
 name by mistake refuses to start instead of allocating the same segments. POSIX locks belong to
-the process, so same-host clients holding the arena's descriptor never keep the lock alive. Pages are touched at start (``prefault``): first touches cost about
-10x a warm copy on these machines and must not land on the hot path.
+the process, so same-host clients holding the arena's descriptor never keep the lock alive.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"G
 _CHECKED = struct.Struct("<BHQQQQ")  # state, key_len, length, checksum, seq, group
 _CHECK_SEED = 0x4743484B             # keeps header checks apart from value checksums
 STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
-SEGMENT = struct.Struct("<IIQQ")     # magic, span, claim record seq, age
-SEGMENT_MAGIC = 0x47455347           # b"GSEG"
+SEGMENT = struct.Struct("<IIQQQ")    # magic, span, claim record seq, age, check
+SEGMENT_MAGIC = 0x32475347           # b"GSG2" (b"GSEG" had one copy and no check)
+_SEGMENT_CHECKED = struct.Struct("<IQQ")
 SEGMENT_HEADER_BYTES = 64
 ALIGN = 64
 PAGE = 4096
@@ -66,6 +68,28 @@ def header_check(state: int, key: bytes | memoryview, length: int, checksum: int
                             seed=_CHECK_SEED)
     hasher.update(key)
     return hasher.intdigest()
+
+
+def segment_check(span: int, claim_seq: int, age: int) -> int:
+    return xxhash.xxh3_64_intdigest(_SEGMENT_CHECKED.pack(span, claim_seq, age),
+                                    seed=_CHECK_SEED + 1)
+
+
+def write_segment_header(view: memoryview, offset: int, *, span: int, claim_seq: int,
+                         age: int) -> None:
+    """Two checked copies of a span's header, so one flipped byte cannot lose the span."""
+    check = segment_check(span, claim_seq, age)
+    for copy in (0, SEGMENT.size):
+        SEGMENT.pack_into(view, offset + copy, SEGMENT_MAGIC, span, claim_seq, age, check)
+
+
+def read_segment_header(view: memoryview, offset: int) -> tuple[int, int, int] | None:
+    """(span, claim seq, age) from the first copy that passes its check, or None."""
+    for copy in (0, SEGMENT.size):
+        magic, span, claim_seq, age, check = SEGMENT.unpack_from(view, offset + copy)
+        if magic == SEGMENT_MAGIC and check == segment_check(span, claim_seq, age):
+            return span, claim_seq, age
+    return None
 
 
 def record_size(key_len: int, length: int) -> int:
@@ -197,8 +221,8 @@ class Arena:
             self.segments[index].head = start
         # The claim takes a sequence number of its own: every record written here from now on
         # is newer than it, every leftover of the span's previous use older.
-        SEGMENT.pack_into(self.view, start * self.segment_size, SEGMENT_MAGIC, span,
-                          self.next_record_seq(), head.seq)
+        write_segment_header(self.view, start * self.segment_size, span=span,
+                             claim_seq=self.next_record_seq(), age=head.seq)
         if span == 1:
             self._open = head
         return head, start * self.segment_size + SEGMENT_HEADER_BYTES

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gcache.keys import checksum
-from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT, SEGMENT_HEADER_BYTES,
-                                 SEGMENT_MAGIC, STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE,
-                                 Arena, header_check, record_size, value_offset)
+from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
+                                 STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE, Arena,
+                                 header_check, read_segment_header, record_size, value_offset)
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,11 @@ def scan(arena: Arena) -> Recovered:
     newest: dict[bytes, tuple[int, Found | None]] = {}       # key -> (seq, value or tombstone)
     index, count, size = 0, len(arena.segments), arena.segment_size
     while index < count:
-        magic, span, claim_seq, age = SEGMENT.unpack_from(arena.view, index * size)
-        if magic != SEGMENT_MAGIC or not 1 <= span <= count - index:
+        header = read_segment_header(arena.view, index * size)
+        if header is None or not 1 <= header[0] <= count - index:
             index += 1
             continue
+        span, claim_seq, age = header
         out.max_seq = max(out.max_seq, claim_seq)
         fill, keys = _walk(arena, index, span, claim_seq, newest, out)
         out.spans.append((index, span, age, fill, keys))

@@ -180,3 +180,15 @@ def test_one_flipped_byte_in_a_tombstone_does_not_undo_the_delete(arena_name):
     view[tombstones[0] + 4] ^= 0x01                      # TOMBSTONE -> another state
     tier = restart(tier, arena_name)
     assert read(tier, b"gone") is None
+
+
+@pytest.mark.parametrize("byte", [0, 4, 8, 16, 24, 32])   # magic, span, claim, age, check, copy
+def test_a_flipped_byte_in_a_segment_header_loses_nothing(arena_name, byte):
+    tier = arena_name()
+    expected = {f"s{i}".encode(): value(i) for i in range(12)}
+    for key, val in expected.items():
+        put(tier, key, val)
+    head = tier.arena.segment_of(record_offset(tier, b"s0")).index
+    tier.arena.view[head * SEG + byte] ^= 0x20
+    tier = restart(tier, arena_name)
+    assert {key: read(tier, key) for key in expected} == expected
