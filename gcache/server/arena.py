@@ -20,7 +20,9 @@ have smaller numbers and are never mistaken for records. Every record header car
 length makes the record unreadable instead of another key's value, and records start at
 ``ALIGN`` boundaries, so recovery can find the next record past one it cannot read. A value
 becomes valid only when its state is flipped to COMMITTED after its checksum was checked; a
-delete appends a TOMBSTONE (twice: one flipped byte must not undo a delete). Pages are touched
+delete appends a TOMBSTONE (twice: one flipped byte must not undo a delete). Replacing, moving
+or deleting a key marks its old record SUPERSEDED, so a restart never takes an older version
+for the current one, even when the current one lives only in the cold tier. Pages are touched
 at start (``prefault``): first touches cost about 10x a warm copy on these machines and must not
 land on the hot path.
 
@@ -53,6 +55,10 @@ RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"G
 _CHECKED = struct.Struct("<BHQQQQ")  # state, key_len, length, checksum, seq, group
 _CHECK_SEED = 0x4743484B             # keeps header checks apart from value checksums
 STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
+# A committed record whose key was written again, moved or deleted since: flipped in place (its
+# value bytes stay, for readers holding a lease), so at most one record per key is COMMITTED and
+# a restart can never take an older version for the current one.
+STATE_SUPERSEDED = 4
 SEGMENT = struct.Struct("<IIQQQ")    # magic, span, claim record seq, age, check
 SEGMENT_MAGIC = 0x32475347           # b"GSG2" (b"GSEG" had one copy and no check)
 _SEGMENT_CHECKED = struct.Struct("<IQQ")

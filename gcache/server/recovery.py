@@ -4,7 +4,8 @@ A restarted ``gcache-server`` with the same ``--shm-name`` and size finds its ar
 /dev/shm. This module walks it span by span (``SEGMENT`` headers) and record by record, and keeps:
 - COMMITTED records whose value still hashes to its checksum (anything else is dropped and
   counted; a flipped byte costs one value, never a wrong one);
-- for each key only its newest record by sequence number; a newer TOMBSTONE deletes it.
+- for each key only its newest record by sequence number; a newer TOMBSTONE deletes it, and a
+  SUPERSEDED record (an older version, flipped when its key was written again) is never taken.
 PENDING records (writes cut off by the crash) are skipped, so a write that was not committed is
 never visible. A record whose header does not pass its check (a flipped byte in a key, a length,
 a sequence number) is dropped and counted, and the walk resumes at the next aligned position that
@@ -22,7 +23,8 @@ import numpy as np
 
 from gcache.keys import checksum
 from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
-                                 STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE, Arena,
+                                 STATE_COMMITTED, STATE_PENDING, STATE_SUPERSEDED,
+                                 STATE_TOMBSTONE, Arena,
                                  header_check, read_segment_header, record_size, value_offset)
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
                 log.error("recovery.checksum_mismatch bytes=%d offset=%d", length, value)
         elif state == STATE_TOMBSTONE:
             _keep(newest, key, seq, None)
-        else:
+        elif state == STATE_PENDING:
             out.dropped_pending += 1
         pos = fill = end
     return fill - start, keys
@@ -119,8 +121,9 @@ def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int) -> tupl
     if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
         return None
     key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
-    states = (STATE_PENDING, STATE_COMMITTED) if state == STATE_PENDING else (state,)
-    if state not in (STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE) or all(
+    states = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
+              STATE_SUPERSEDED: (STATE_COMMITTED,)}.get(state, (state,))
+    if state not in (STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE, STATE_SUPERSEDED) or all(
             header_check(s, key, length, stored, seq, group) != check for s in states):
         return None
     return state, key, length, stored, seq, group, end

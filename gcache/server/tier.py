@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
-from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_TOMBSTONE, Arena, Segment,
-                                 record_size, value_offset)
+from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_SUPERSEDED,
+                                 STATE_TOMBSTONE, Arena, Segment, record_size, value_offset)
 from gcache.server.recovery import scan
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,12 @@ class HotTier:
                 self.counters.expired_pins += 1
             return False
 
-    def commit(self, handle: int, expected: int, *, if_absent: bool = False) -> bool:
+    def commit(self, handle: int, expected: int, *, if_absent: bool = False,
+               unless: Callable[[], bool] | None = None) -> bool:
         """Make a pending write visible if its bytes match ``expected`` (xxh3_64). With
         ``if_absent`` (a promotion) a key committed meanwhile wins and this write is dropped:
-        returns False.
+        returns False; so it is when ``unless()``, asked under the lock, is true (the key was
+        deleted while its promotion read the disk).
 
         Raises InvalidRequest for an unknown handle, ChecksumMismatch (the write is dropped).
         """
@@ -197,7 +199,7 @@ class HotTier:
                 self.counters.checksum_failures += 1
                 raise ChecksumMismatch(f"value of {entry.length} bytes hashes to {actual:#x}, "
                                        f"COMMIT said {expected:#x}")
-            if if_absent and entry.key in self._index:
+            if if_absent and (entry.key in self._index or (unless is not None and unless())):
                 return False
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
@@ -205,6 +207,7 @@ class HotTier:
                                            seq=self.arena.next_record_seq(), group=entry.group,
                                            final_state=STATE_COMMITTED)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
+            self._supersede(self._index.get(entry.key))
             self._index[entry.key] = entry
             self.counters.puts += 1
         if self.on_commit is not None and not if_absent:
@@ -265,13 +268,11 @@ class HotTier:
             if entry is None:
                 return False
             self.counters.deletes += 1
+            self._supersede(entry)          # on its own enough for a restart to skip it
             one = record_size(len(key), 0)
             try:
                 head, record = self._allocate(2 * one, ALLOC_WAIT_S)
             except NoSpace:
-                # Unmake the value's own record instead: a restart then skips it as never
-                # committed (an older version elsewhere in the arena could still come back).
-                self.arena.set_record_state(entry.record, STATE_PENDING)
                 log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True
             for offset in (record, record + one):
@@ -310,6 +311,12 @@ class HotTier:
 
     def close(self, *, unlink: bool) -> None:
         self.arena.close(unlink=unlink)
+
+    def _supersede(self, entry: Entry | None) -> None:
+        """Mark the record of a replaced, moved or deleted entry (under ``_lock``). An entry in
+        the index always points at a live record: eviction removes it before reuse."""
+        if entry is not None:
+            self.arena.set_record_state(entry.record, STATE_SUPERSEDED)
 
     def _pin(self, entry: Entry, *, pending: bool, expires: bool = True) -> int:
         handle = next(self._handles)
@@ -385,6 +392,7 @@ class HotTier:
                                            final_state=STATE_COMMITTED)
             self.arena.set_record_state(record, STATE_COMMITTED)
             head.keys.append(entry.key)
+            self._supersede(entry)
             self._index[entry.key] = moved
             self.counters.second_chances += 1
             return True

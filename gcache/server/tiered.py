@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from typing import Any
 
 from gcache.errors import ChecksumMismatch, NoSpace
@@ -43,6 +44,8 @@ class TieredStore:
         self._guard = threading.Lock()           # the two sets below
         self._in_flight: set[bytes] = set()      # keys the demoter is writing to disk
         self._superseded: set[bytes] = set()     # of those, written or deleted meanwhile
+        self._promoting: Counter[bytes] = Counter()   # keys being read from disk into memory
+        self._deleted: set[bytes] = set()        # of those, deleted meanwhile
         self.cold_hits = 0
         self.cold_misses = 0
         self.cold_checksum_failures = 0
@@ -66,6 +69,9 @@ class TieredStore:
         return self.hot.exists(key) or self._cold_entry(key) is not None
 
     def delete(self, key: bytes) -> bool:
+        with self._guard:                        # before the hot delete: see ``_promote``
+            if key in self._promoting:
+                self._deleted.add(key)
         in_memory = self.hot.delete(key)
         return self._drop_cold(key) or in_memory
 
@@ -111,6 +117,25 @@ class TieredStore:
         return self.cold.lookup(key)
 
     def _promote(self, key: bytes) -> bool:
+        """Read ``key`` from disk into memory. A delete that lands while the disk is read must
+        win, or the promotion would bring the deleted value back: ``delete`` marks the key
+        before it deletes, and the commit asks for the mark under the hot tier's lock."""
+        with self._guard:
+            self._promoting[key] += 1
+        try:
+            return self._promote_tracked(key)
+        finally:
+            with self._guard:
+                self._promoting[key] -= 1
+                if not self._promoting[key]:
+                    del self._promoting[key]
+                    self._deleted.discard(key)
+
+    def _was_deleted(self, key: bytes) -> bool:
+        with self._guard:
+            return key in self._deleted
+
+    def _promote_tracked(self, key: bytes) -> bool:
         entry = self._cold_entry(key)
         if entry is None:
             self.cold_misses += 1
@@ -125,7 +150,8 @@ class TieredStore:
             if not self._read_hashing(entry, handle):
                 self.hot.abort(handle)
                 return False
-            promoted = self.hot.commit(handle, entry.checksum, if_absent=True)
+            promoted = self.hot.commit(handle, entry.checksum, if_absent=True,
+                                       unless=lambda: self._was_deleted(key))
         except ChecksumMismatch as exc:
             self.cold_checksum_failures += 1
             log.error("cold.checksum_mismatch key=%r %s: dropped from disk", key[:64], exc)
