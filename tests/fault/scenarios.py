@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import struct
 import threading
 import time
@@ -302,4 +303,218 @@ def leader_failover(seconds: float, *, log_dir: str, seed: int = 0, token: str) 
             os.environ.pop("GCACHE_TOKEN", None)
         else:
             os.environ["GCACHE_TOKEN"] = saved
+    return tally
+
+
+# ---- corruption: flipped bytes in a stopped server's arena and cold files ----------------------
+
+def _arena_targets(path: str) -> list[tuple[str, int, int]]:
+    """(part, offset, length) of every segment header, record header, key and value in an
+    arena file, found with the arena's own layout."""
+    from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
+                                     read_segment_header, value_offset)
+    with open(path, "rb") as fh:
+        data = memoryview(fh.read())
+    segment = 4 << 20
+    targets, index = [], 0
+    while index * segment < len(data):
+        header = read_segment_header(data, index * segment)
+        if header is None:
+            index += 1
+            continue
+        span, claim, _ = header
+        start = index * segment
+        targets.append(("segment header", start, SEGMENT_HEADER_BYTES))
+        pos, limit = start + SEGMENT_HEADER_BYTES, start + span * segment
+        while pos + RECORD.size <= limit:
+            magic, state, _, key_len, length, _, seq, _, _ = RECORD.unpack_from(data, pos)
+            if magic != RECORD_MAGIC or seq <= claim or key_len == 0:
+                pos += ALIGN
+                continue
+            if state == 2:                                   # committed: worth hitting
+                targets.append(("record header", pos, RECORD.size))
+                targets.append(("key", pos + RECORD.size, key_len))
+                if length:
+                    targets.append(("value", value_offset(pos, key_len), length))
+            pos = (value_offset(pos, key_len) + length + ALIGN - 1) & ~(ALIGN - 1)
+        index += span
+    return targets
+
+
+def _cold_targets(folder: str) -> list[tuple[str, str, int, int]]:
+    """(part, file, offset, length) of the records in the cold tier's segment files."""
+    from gcache.server.cold_segments import RECORD, RECORD_MAGIC
+    targets = []
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("seg-") and name.endswith(".dat")):
+            continue
+        path = os.path.join(folder, name)
+        with open(path, "rb") as fh:
+            data = fh.read()
+        pos = 0
+        while pos + RECORD.size <= len(data):
+            magic, key_len, length, _, _ = RECORD.unpack_from(data, pos)
+            if magic != RECORD_MAGIC:
+                break
+            targets.append(("cold header", path, pos, RECORD.size))
+            targets.append(("cold key", path, pos + RECORD.size, key_len))
+            targets.append(("cold value", path, pos + RECORD.size + key_len, length))
+            pos += RECORD.size + key_len + length
+    return targets
+
+
+def _flip(path: str, offset: int, rng: random.Random) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ rng.choice((1, 2, 4, 8, 16, 32, 64, 128, 0xFF))]))
+
+
+def corruption(flips: int, *, log_dir: str, seed: int = 0) -> Tally:
+    """One round: values in memory and on disk; then, ``flips`` times, stop the server, flip
+    one byte in a part chosen in turn (segment header, record header, key, value, cold file
+    header, key, value), restart, and read everything. A flip may cost the record it hits,
+    never a wrong value, and never more than one value."""
+    rng = random.Random(seed)
+    disk = os.path.join(log_dir, "disk")
+    os.makedirs(disk, exist_ok=True)
+    cluster = LocalCluster(1, memory="16MiB", log_dir=log_dir, server_args=(
+        "--segment-size", "4MiB", "--disk-dir", disk, "--disk-capacity", "1GiB"))
+    tally = Tally(rounds=1)
+    stop = threading.Event()
+    with cluster:
+        with Client(cluster.addresses, timeout_s=5.0) as client:
+            worker = Worker(f"cr{seed}", client, stop, keys=300, sizes=(100, 96 << 10),
+                            byte_budget=1 << 40, seed=seed)
+            for key in worker.keys:                       # ~14 MiB in memory, more on disk
+                worker._write(key)
+            worker._write(worker.keys[0])
+            readable = {k for k, v in zip(worker.keys, client.batch_get(worker.keys))
+                        if v is not None}
+        shm = f"/dev/shm/{cluster.servers[0].shm_name}"
+        parts = ["segment header", "record header", "key", "value",
+                 "cold header", "cold key", "cold value"]
+        for n in range(flips):
+            cluster.terminate(0)
+            part = parts[n % len(parts)]
+            if part.startswith("cold"):
+                choices = [t for t in _cold_targets(os.path.join(disk, "segments"))
+                           if t[0] == part]
+                if choices:
+                    _, path, offset, length = rng.choice(choices)
+                    _flip(path, offset + rng.randrange(length), rng)
+            else:
+                choices = [t for t in _arena_targets(shm) if t[0] == part]
+                if choices:
+                    _, offset, length = rng.choice(choices)
+                    _flip(shm, offset + rng.randrange(length), rng)
+            tally.faults += bool(choices)
+            cluster.restart(0)
+            with Client(cluster.addresses, timeout_s=5.0) as client:
+                values = client.batch_get(worker.keys)
+            for key, blob in zip(worker.keys, values):
+                tally.reads += 1
+                if blob is not None:
+                    tally.hits += 1
+                    version = decode(key, blob)
+                    if version is None or version not in worker.legal[key]:
+                        tally.wrong_values += 1
+                        tally.notes.append(f"wrong {key} after a flip in {part}")
+            now = {k for k, v in zip(worker.keys, values) if v is not None}
+            tally.lost_acked = len(readable - now)
+        if tally.lost_acked > tally.faults:
+            tally.notes.append(f"{tally.lost_acked} values lost to {tally.faults} flips")
+    tally.puts_acked = worker.tally.puts_acked
+    return tally
+
+
+# ---- exhaustion: hostile and dying peers around one well-behaved client ----------------------
+
+def _hostile(address: str, stop: threading.Event, kind: str, counts: Counter) -> None:
+    """One hostile peer doing ``kind`` over and over until stop (bounded by the caller)."""
+    from gcache.frame import Header, Op
+    host, port = address.rsplit(":", 1)
+    while not stop.is_set():
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=5)
+        except OSError:
+            stop.wait(0.1)
+            continue
+        try:
+            if kind == "silent":
+                stop.wait(3.0)
+            elif kind == "slowloris":
+                sock.sendall(Header(Op.PUT, 1, key_len=4, payload_len=2 << 20).pack() + b"slow")
+                while not stop.is_set():
+                    sock.sendall(b"x")
+                    stop.wait(0.2)
+            elif kind == "dies_holding":
+                sock.sendall(Header(Op.ALLOC, 1, key_len=4, length=1 << 20).pack() + b"dead")
+                sock.sendall(Header(Op.LEASE, 2, key_len=6).pack() + b"filler")
+                stop.wait(0.05)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            counts[kind] += 1
+        except OSError:
+            counts[f"{kind}_cut_off"] += 1
+        finally:
+            sock.close()
+
+
+def exhaustion(seconds: float, *, log_dir: str, seed: int = 0) -> Tally:
+    """One round: a server whose memory is kept full by a filler client, surrounded by silent
+    strangers, trickling senders and peers that die holding leases and allocations; a
+    well-behaved client alongside must be served throughout (its latencies are reported)."""
+    cluster = LocalCluster(1, memory="32MiB", log_dir=log_dir, server_args=(
+        "--segment-size", "4MiB", "--lease-ttl", "1.0", "--io-timeout", "2",
+        "--auth-timeout", "1", "--max-unauthenticated", "16", "--max-connections", "64"))
+    tally = Tally(rounds=1)
+    stop, counts = threading.Event(), Counter()
+    latencies: list[float] = []
+    with cluster:
+        address = cluster.addresses[0]
+        peers = [threading.Thread(target=_hostile, args=(address, stop, kind, counts),
+                                  daemon=True)
+                 for kind in ["silent"] * 24 + ["slowloris"] * 3 + ["dies_holding"] * 2]
+
+        def fill() -> None:
+            with Client([address], timeout_s=2.0) as filler:
+                n = 0
+                while not stop.wait(0.05):                  # ~20 MiB/s: the arena turns over
+                    filler.put("filler" if n % 8 == 0 else f"fill{n}", b"F" * (1 << 20))
+                    n += 1
+
+        threads = [*peers, threading.Thread(target=fill, daemon=True)]
+        for thread in threads:
+            thread.start()
+        rng = random.Random(seed)
+        with Client([address], timeout_s=2.0) as client:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                key = f"legit{rng.randrange(1 << 30)}"
+                value = encode(key, 1, rng.randint(100, 64 << 10))
+                started = time.perf_counter()
+                ok = client.put(key, value)
+                blob = client.get(key) if ok else None
+                latencies.append(time.perf_counter() - started)
+                tally.ops += 1
+                tally.puts_acked += ok
+                tally.puts_failed += not ok
+                tally.reads += ok
+                if blob is not None:
+                    tally.hits += 1
+                    if decode(key, blob) != 1:
+                        tally.wrong_values += 1
+                elif ok:
+                    tally.lost_acked += 1           # read at once: not yet evictable
+            tally.misses.update(client.stats()["misses_by_reason"])
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    tally.faults = sum(v for k, v in counts.items() if not k.endswith("_cut_off"))
+    latencies.sort()
+    if latencies:
+        tally.notes.append(f"legit put+get p50={latencies[len(latencies) // 2] * 1e3:.1f}ms "
+                           f"p99={latencies[int(len(latencies) * 0.99)] * 1e3:.1f}ms "
+                           f"hostile={dict(counts)}")
     return tally

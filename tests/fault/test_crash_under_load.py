@@ -4,7 +4,7 @@ scenarios run for as long as one likes under ``make soak``."""
 
 from __future__ import annotations
 
-from tests.fault.scenarios import crash_under_load, leader_failover
+from tests.fault.scenarios import corruption, crash_under_load, exhaustion, leader_failover
 
 
 def assert_clean(tally, *, min_faults: int) -> None:
@@ -32,3 +32,19 @@ def test_two_leader_kills_under_io_fail_no_operation(tmp_path):
     failed = {reason: n for reason, n in tally.misses.items() if reason != "absent"}
     assert tally.puts_failed == 0 and not failed, tally
     assert tally.wrong_values == 0 and tally.lost_acked == 0, tally.notes[:10]
+
+
+def test_flipped_bytes_in_every_part_cost_at_most_the_record_they_hit(tmp_path):
+    tally = corruption(14, log_dir=str(tmp_path), seed=4)
+    print(tally)
+    assert tally.faults >= 12, tally
+    assert tally.wrong_values == 0, tally.notes[:10]
+    assert tally.lost_acked <= tally.faults, tally.notes[:10]
+
+
+def test_a_well_behaved_client_is_served_among_hostile_and_dying_peers(tmp_path):
+    tally = exhaustion(10.0, log_dir=str(tmp_path), seed=5)
+    print(tally)
+    assert tally.ops > 50 and tally.faults > 20, tally
+    assert tally.puts_failed == 0 and tally.lost_acked == 0, tally
+    assert tally.wrong_values == 0, tally
