@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from gcache.errors import (AuthFailed, ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
+from gcache.errors import (AuthFailed, ChecksumMismatch, NoSpace, ProtocolError,
                            ServerError)
 from gcache.keys import MAX_KEY_BYTES
 
@@ -166,6 +166,6 @@ def raise_for_status(header: Header, context: str) -> None:
         raise ChecksumMismatch(context)
     if status in (Status.AUTH_REQUIRED, Status.AUTH_FAILED):
         raise AuthFailed(f"{context}: server answered {status.name}; check the cluster token")
-    if status in (Status.BAD_REQUEST, Status.TOO_LARGE):
-        raise InvalidRequest(f"{context}: server answered {status.name}")
+    # BAD_REQUEST and TOO_LARGE are the server's word too: a server that refuses what this side
+    # sent is a failed exchange (a miss in the SDK), not a caller's bad argument.
     raise ServerError(status.name, context)

@@ -1,6 +1,6 @@
 import pytest
 
-from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError, ServerError
+from gcache.errors import ChecksumMismatch, NoSpace, ProtocolError, ServerError
 from gcache.frame import (HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op, Status, decode_keys,
                           encode_keys, raise_for_status, unpack_header)
 
@@ -50,7 +50,7 @@ def test_malformed_key_lists_are_refused(payload, count, message):
 
 @pytest.mark.parametrize("status,error", [
     (Status.NO_SPACE, NoSpace), (Status.CHECKSUM_MISMATCH, ChecksumMismatch),
-    (Status.BAD_REQUEST, InvalidRequest), (Status.TOO_LARGE, InvalidRequest),
+    (Status.BAD_REQUEST, ServerError), (Status.TOO_LARGE, ServerError),
     (Status.INTERNAL, ServerError), (Status.UNKNOWN_HANDLE, ServerError),
 ])
 def test_each_failure_status_maps_to_one_exception(status, error):
