@@ -14,7 +14,7 @@ VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-sglang test-vllm envs bench replay redis proto clean
+.PHONY: run test test-sglang test-vllm envs bench replay redis proto soak clean
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -85,6 +85,13 @@ test-vllm: $(VLI_STAMP) $(VLE_STAMP)
 	VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  $(VLL_DIR)/tests --ignore=$(VLL_DIR)/tests/test_engine.py
 	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py
+
+# The fault scenarios of tests/fault for SOAK_S seconds (default 600): servers killed under load
+# with and without a cold tier, Raft leader kills, byte flips, hostile peers; prints a summary
+# table and fails on a wrong value or a lost acknowledged value.
+SOAK_S ?= 600
+soak: $(STAMP)
+	$(PY) -m tests.fault.soak --seconds $(SOAK_S) --json bench/results/soak-latest.json
 
 # The Redis baseline of bench/dataplane.py needs Debian's redis-server.
 redis:
