@@ -8,7 +8,7 @@ writes the same keys for either engine. Every setting is checked here and a wron
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gcache.errors import ConfigError
@@ -30,16 +30,22 @@ SETTINGS = {
 }
 
 
-def gcache_settings(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``gcache_*`` entries of ``extra`` without their prefix; an unknown one raises."""
+def gcache_settings(extra: Mapping[str, Any] | None, *,
+                    unused: Iterable[str] = ()) -> dict[str, Any]:
+    """The ``gcache_*`` entries of ``extra`` without their prefix. An unknown one raises, and so
+    does one in ``unused`` (a setting the calling connector has no use for: silently ignoring it
+    would let an operator believe it took effect)."""
     out = {}
+    refused = set(unused)
     for key, value in (extra or {}).items():
         if not isinstance(key, str) or not key.startswith(PREFIX):
             continue
         name = key[len(PREFIX):]
         if name not in SETTINGS:
-            known = ", ".join(PREFIX + k for k in SETTINGS)
+            known = ", ".join(PREFIX + k for k in SETTINGS if k not in refused)
             raise ConfigError(key, value, f"unknown setting; known: {known}")
+        if name in refused:
+            raise ConfigError(key, value, "this connector does not use it (remove it)")
         out[name] = value
     return out
 

@@ -18,10 +18,14 @@ slots into ``gcache.kv.EnginePages`` calls.
 - Namespaces: the model, the pool's byte format (class, layout, dtype, geometry, layers) and,
   for every pool that is sharded over tensor-parallel ranks, the rank. MLA pools hold the same
   bytes on every rank: they share objects and only the writer rank writes them.
-- Placement: with ``hicache_storage_pass_prefix_keys: true`` SGLang tells the backend each
-  call's position in its sequence, and every page of a sequence is placed by the sequence's
-  first page (one small set of servers per prefix tree); without it pages spread key by key.
-  The engine's launch config decides, so writers and readers always agree.
+- Placement: with ``hicache_storage_pass_prefix_keys: true`` SGLang tells the zero-copy and
+  hybrid calls each call's position in its sequence, and every page of a sequence is placed by
+  the sequence's first page (one small set of servers per prefix tree); without it pages spread
+  key by key. The generic path's ``batch_set``/``batch_get`` are never told, so that path always
+  places key by key, its existence checks included: every call of one path finds a page where
+  the others put it. The engine's launch config decides, so writers and readers agree.
+- ``exists(key)`` answers for either path's objects, so it holds after ``set`` whatever
+  ``interface_v1`` says. ``gcache_policy`` is refused: SGLang decides what it stores.
 - Failure: every call is answered; a miss, a timeout, a dead server or an internal error is a
   miss (or a failed write) for SGLang, logged, never an exception in its IO threads.
 """
@@ -78,7 +82,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         extra = dict(storage_config.extra_config or {})
-        settings = gcache_settings(extra)
+        settings = gcache_settings(extra, unused=("policy",))
         self.config = storage_config
         self.zero_copy = bool(extra.get("interface_v1"))
         self.grouped = engine_passes_prefix_keys(extra)
@@ -100,6 +104,9 @@ class GCacheHiCacheStorage(HiCacheStorage):
                                           "prefetch_bandwidth": [], "backup_bandwidth": []}
         log.info("gcache HiCache backend: %s, tp %d/%d, zero copy %s", self.client,
                  storage_config.tp_rank, storage_config.tp_size, self.zero_copy)
+        if self.grouped and not self.zero_copy:
+            log.info("gcache: prefix keys place only zero-copy and hybrid pages; the generic "
+                     "path (interface_v1 off) places its pages key by key")
 
     # ---- registration ----------------------------------------------------------------------
 
@@ -200,9 +207,10 @@ class GCacheHiCacheStorage(HiCacheStorage):
         return self._kv_pages(keys, self._group(keys, extra_info))
 
     def _kv_pages(self, keys: List[str], group: str | None) -> int:
-        """Leading pages whose KV exists, in the objects of the path in use."""
-        pool = KV if self.zero_copy else FLAT
-        return self.pages.leading_present(pool, keys, self._parts_of(pool), group=group)
+        """Leading pages whose KV exists, in the objects (and placement) of the path in use."""
+        if not self.zero_copy:
+            return self.pages.leading_present(FLAT, keys, 1)          # placed key by key
+        return self.pages.leading_present(KV, keys, self._parts_of(KV), group=group)
 
     @_answer_on_error(lambda *a, **k: PoolTransferResult(0, {}, []))
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
@@ -282,7 +290,12 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     @_answer_on_error(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
-        return self.batch_exists([key]) == 1
+        """Whether ``key``'s page is stored by either path: ``set`` writes the generic objects
+        even with ``interface_v1`` on, ``batch_set_v1`` the zero-copy ones."""
+        if self.pages.leading_present(FLAT, [key], 1) == 1:
+            return True
+        return self.zero_copy and self.pages.leading_present(
+            KV, [key], self._parts_of(KV), group=self._group([key], None)) == 1
 
     # ---- administration ---------------------------------------------------------------------
 

@@ -300,7 +300,8 @@ def test_storage_metrics_report_pages_and_bandwidth(cluster):
 
 
 @pytest.mark.parametrize("extra,named", [({"gcache_servrs": "x"}, "gcache_servrs"),
-                                         ({"gcache_timeout_ms": -1}, "gcache_timeout_ms")])
+                                         ({"gcache_timeout_ms": -1}, "gcache_timeout_ms"),
+                                         ({"gcache_policy": "tail"}, "gcache_policy")])
 def test_bad_settings_fail_at_creation_naming_the_key(cluster, extra, named):
     with pytest.raises(ConfigError, match=named):
         backend(storage_config(cluster.addresses, **extra), mha_host("page_first"))
@@ -311,3 +312,41 @@ def test_no_servers_and_no_master_is_a_clear_error():
     config.extra_config.pop("gcache_servers")
     with pytest.raises(ConfigError, match="gcache_master"):
         backend(config, mha_host("page_first"))
+
+
+def flat_pages(host, keys, seed):
+    written = fill(host, len(keys), seed)
+    return [host.get_data_page(int(written[i]), flat=True) for i in range(0, len(written), PAGE)]
+
+
+def test_generic_path_with_prefix_keys_finds_every_page_it_stored(cluster):
+    """SGLang's generic path passes prefix keys to ``batch_exists`` only, never to
+    ``batch_set``/``batch_get``: all three must still look in the same place."""
+    host = mha_host("page_first")
+    made = backend(storage_config(cluster.addresses, zero_copy=False,
+                                  hicache_storage_pass_prefix_keys=True), host)
+    assert made.grouped and not made.zero_copy
+    keys = page_keys(tokens(41, n_pages=16))
+    values = flat_pages(host, keys, seed=12)
+    assert made.batch_set(keys[:4], values[:4]) and made.batch_set(keys[4:], values[4:])
+    assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == len(keys)
+    assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=None)) == len(keys)
+    assert made.batch_exists(keys[4:], HiCacheStorageExtraInfo(prefix_keys=keys[:4])) == 12
+    targets = [host.get_dummy_flat_data_page() for _ in keys]
+    got = made.batch_get(keys, targets)
+    assert all(torch.equal(g.view(torch.uint8), v.view(torch.uint8)) for g, v in zip(got, values))
+    made.close()
+
+
+def test_exists_agrees_with_set_with_interface_v1_on(cluster):
+    host = mha_host("page_first")
+    made = backend(storage_config(cluster.addresses), host)
+    assert made.zero_copy
+    keys = page_keys(tokens(43))
+    values = flat_pages(host, keys, seed=13)
+    assert not made.exists(keys[0])
+    assert made.set(keys[0], values[0]) is True and made.exists(keys[0])
+    assert made.batch_set(keys[1:3], values[1:3]) and made.exists(keys[1]) and made.exists(keys[2])
+    round_trip(made, host, keys[3:], seed=14)            # the zero-copy objects count too
+    assert made.exists(keys[3])
+    made.close()

@@ -95,7 +95,7 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker.start_load(self._bound())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        self.worker.wait_layer(layer_name)
+        self.worker.wait_layer(layer_name, self._bound())
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
                       **kwargs: Any) -> None:
@@ -106,6 +106,11 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors() if self.worker else set()
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        if self.worker is not None:
+            self.worker.end_step()
 
     def _bound(self) -> GCacheConnectorMetadata | None:
         return self._get_connector_metadata() if self.has_connector_metadata() else None

@@ -3,9 +3,11 @@ save each step.
 
 A hit is ``KVStore.match``: the largest page boundary where every full-attention page and every
 sliding layer's window tail exist (``gcache.kv``'s window-safe rule), capped so that the last
-prompt token is always computed. The load is reported as synchronous: the worker starts it
-before the forward pass and each layer waits only for its own KV (layer by layer on GCache's
-loader thread), so vLLM need not park the request. Probes are remembered per request, because
+prompt token is always computed. The load is reported as synchronous: on a step that has
+one vLLM starts it before the forward pass, and each layer waits only for its own KV (layer by
+layer on GCache's loader thread), so vLLM need not park the request. (On a step without one,
+vLLM calls ``start_load_kv`` after the forward pass; the worker applies a load only in the step
+that carries it.) Probes are remembered per request, because
 vLLM may ask again in a later step; they are forgotten when the request is scheduled or ends.
 """
 

@@ -7,6 +7,13 @@ has arrived, so layer 0 computes while later layers are in flight. A save gather
 tokens from its blocks right after its attention (``save_kv_layer``) and hands them to a saver
 thread that puts them; the forward pass goes on, and ``wait_for_save`` waits for the step's puts.
 
+A load belongs to the step whose metadata carries it, and to no other: vLLM starts a step's
+loads before the forward pass only when the step has synchronous loads, and otherwise calls
+``start_load_kv`` after it, so a layer hook may run before this step's ``start_load``. Loads are
+kept with the metadata object they came from and applied only while that object is bound, and
+dropped when vLLM clears it (``end_step``): the previous step's loads are never scattered into
+blocks vLLM has since reused, nor their failures reported twice.
+
 Sliding-window groups hold only in-window blocks: the others are the null block 0, which is
 never read or written. Full-attention layers get every page, sliding layers only the window
 tail (``gcache.kv``'s rule), so the tail always covers the blocks vLLM keeps.
@@ -101,6 +108,7 @@ class WorkerSide:
         self.store, self.layout, self.group_of = store, layout, group_of
         self.layers: dict[str, tuple[int, PagedLayer]] = {}
         self._loads: list[tuple[LoadSpec, Any, StagingSink]] = []
+        self._loads_of: GCacheConnectorMetadata | None = None    # the metadata they came from
         self._load_errors: set[int] = set()
         self._saves: queue.Queue = queue.Queue()
         self._probes: dict[str, Any] = {}
@@ -129,7 +137,7 @@ class WorkerSide:
     # ---- load -------------------------------------------------------------------------------
 
     def start_load(self, meta: GCacheConnectorMetadata | None) -> None:
-        self._loads = []
+        self._loads, self._loads_of = [], meta
         for spec in (meta.loads if meta else ()):
             sink = StagingSink(self.layout)
             try:
@@ -141,9 +149,9 @@ class WorkerSide:
             self._loads.append((spec, handle, sink))
             self.counters["loads"] += 1
 
-    def wait_layer(self, layer_name: str) -> None:
-        if layer_name not in self.layers or not self._loads:
-            return
+    def wait_layer(self, layer_name: str, meta: GCacheConnectorMetadata | None) -> None:
+        if layer_name not in self.layers or not self._loads or meta is not self._loads_of:
+            return                            # no load of this step (see the module docstring)
         index, paged = self.layers[layer_name]
         for spec, handle, sink in self._loads:
             if index not in sink.spans:
@@ -157,6 +165,10 @@ class WorkerSide:
             paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
                           spec.skip_tokens)
             self.counters["loaded_layers"] += 1
+
+    def end_step(self) -> None:
+        """vLLM cleared the step's metadata: its loads are over, applied or not."""
+        self._loads, self._loads_of = [], None
 
     def _fail(self, spec: LoadSpec) -> None:
         """Report every block of the load: vLLM recomputes them (kv_load_failure_policy)."""

@@ -1,0 +1,64 @@
+"""The connectors' READMEs, run as printed: a shell block that follows the marker
+``<!-- tested: NAME -->`` is what a test runs, through ``bash``, in a session of its own (so the
+test stops exactly the processes the block started). A README that drifts from a working
+command fails the build."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import time
+
+
+def tested_block(readme: pathlib.Path, name: str) -> str:
+    """The body of the fenced block right after ``<!-- tested: name -->``."""
+    text = readme.read_text()
+    match = re.search(r"<!-- tested: " + re.escape(name) + r" -->\s*```[a-z]*\n(.*?)```",
+                      text, re.S)
+    if match is None:
+        raise AssertionError(f"{readme} has no block marked 'tested: {name}'")
+    return match.group(1)
+
+
+class Shell:
+    """One README block running under ``bash -c``; its output goes to ``log_path``."""
+
+    def __init__(self, script: str, log_path: pathlib.Path, *, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(["bash", "-c", script], stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=dict(os.environ, **env), start_new_session=True)
+
+    def log(self, tail: int = 40) -> str:
+        lines = self.log_path.read_bytes().decode(errors="replace").splitlines()
+        return "\n".join(line[:400] for line in lines[-tail:])
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_bytes().decode(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the README block exited with {self.proc.returncode}:\n"
+                                   f"{self.log()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"no {text!r} after {timeout_s}s:\n{self.log()}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the block's process group, then SIGKILL what is left of it."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+                if sig == signal.SIGTERM:
+                    time.sleep(0.5)                # children of the group finish their exit
+            except subprocess.TimeoutExpired:
+                continue
+        self._log.close()
