@@ -13,7 +13,7 @@ import subprocess
 import time
 
 
-def tested_block(readme: pathlib.Path, name: str) -> str:
+def readme_block(readme: pathlib.Path, name: str) -> str:
     """The body of the fenced block right after ``<!-- tested: name -->``."""
     text = readme.read_text()
     match = re.search(r"<!-- tested: " + re.escape(name) + r" -->\s*```[a-z]*\n(.*?)```",
