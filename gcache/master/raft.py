@@ -5,12 +5,12 @@ forwarded to the leader by pysyncobj; ``submit`` waits for it to be applied here
 ``Unavailable`` (no leader, no quorum, timeout). pysyncobj's failure codes and exceptions never
 leave this module.
 
-pysyncobj unpickles what arrives on the Raft port, so an open port would run any peer's code.
-With a cluster token it is pysyncobj's ``password``: every message, the first included, is
-Fernet-encrypted and authenticated (HMAC-SHA256) under a key derived from it, and one that does
-not verify is dropped with its connection before anything is unpickled; each connection also
-agrees on a random session key, so recorded messages cannot be replayed on another. Without a
-token the config keeps the Raft address on loopback. The journal and snapshots live in ``data_dir``, so a restarted member comes
+pysyncobj unpickles what arrives on the Raft port, so an open port would run any peer's code. With a
+cluster token it is pysyncobj's ``password``: every message, the first included, is Fernet-encrypted
+and authenticated (HMAC-SHA256) under a key derived from it, and one that does not verify is dropped
+with its connection before anything is unpickled; each connection also agrees on a random session
+key, so recorded messages cannot be replayed on another. Without a token the config keeps the Raft
+address on loopback. The journal and snapshots live in ``data_dir``, so a restarted member comes
 back with the state it had.
 """
 

@@ -2,12 +2,12 @@
 
 Threads are named and every loop watches ``stop``; shutdown closes the listener, shuts every
 client socket down (which wakes its handler), joins with a bound, and unlinks the arena.
-A connection over ``max_connections`` is closed at once rather than queued, so overload shows
-up as fast misses in the SDK and never as a stall. Connections that have not authenticated yet
-have slots of their own (``max_unauthenticated``): when they are full the oldest of them is cut
-off, so strangers that connect and stay silent can neither take the slots of authenticated
-clients nor keep a legitimate newcomer from getting through its handshake. Same-host clients come in on the Unix socket,
-where HELLO hands them the arena's descriptor; everything else about them is the same.
+A connection over ``max_connections`` is closed at once rather than queued, so overload shows up as
+fast misses in the SDK and never as a stall. Connections that have not authenticated yet have slots
+of their own (``max_unauthenticated``): when they are full the oldest of them is cut off, so
+strangers that connect and stay silent can neither take the slots of authenticated clients nor keep
+a legitimate newcomer from getting through its handshake. Same-host clients come in on the Unix
+socket, where HELLO hands them the arena's descriptor; everything else about them is the same.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ Invariants (all under ``_lock``; value bytes are copied outside it, protected by
   memory for longer than that. A pending write whose bytes are being received when its TTL
   passes is not dropped under the receive (the bytes would land in reused memory): it is marked
   expired, refuses further writes and its COMMIT, and is dropped when that receive ends, which
-  the connection's transfer deadline bounds. Pins the server takes for its own single-frame transfers (GET,
-  PUT, batches) do not expire: the handler drops them itself, and a stalled peer is cut off by
-  the connection's IO timeout, so a slow 1 GiB transfer is never evicted from under itself.
+  the connection's transfer deadline bounds. Pins the server takes for its own single-frame
+  transfers (GET, PUT, batches) do not expire: the handler drops them itself, and a stalled or
+  trickling peer is cut off by the connection's transfer deadline, so a 1 GiB transfer at a
+  useful rate is never evicted from under itself.
 - Replacing or deleting a key leaves the old record's bytes in place until its span is evicted,
   so a reader holding a lease on the old value still reads intact bytes.
 
