@@ -10,7 +10,10 @@ import pathlib
 import re
 import signal
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 
 
 def readme_block(readme: pathlib.Path, name: str) -> str:
@@ -62,3 +65,41 @@ class Shell:
             except subprocess.TimeoutExpired:
                 continue
         self._log.close()
+
+
+def activated() -> dict[str, str]:
+    """The environment as if this virtual environment were activated (the READMEs assume it)."""
+    return {"PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def wait_healthy(url: str, shell: Shell, timeout_s: float = 300.0) -> None:
+    """Until ``url``/health answers 200; raises if the block exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if shell.proc.poll() is not None:
+            raise RuntimeError(f"the engine exited with {shell.proc.returncode}:\n{shell.log()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"not healthy after {timeout_s}s:\n{shell.log()}")
+
+
+def stored_objects(address: str) -> int:
+    """Objects the GCache server at ``address`` holds."""
+    from gcache.sdk import Client
+    with Client([address], timeout_s=2.0) as client:
+        return sum(s["tier"]["objects"] for s in client.server_stats().values() if s)
+
+
+def remove_server_files(port: int) -> None:
+    """What a README's ``gcache-server --listen 127.0.0.1:PORT`` leaves behind by design."""
+    for leftover in (f"/dev/shm/gcache-{port}", f"/dev/shm/gcache-{port}.id",
+                     f"/tmp/gcache-{port}.sock"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass

@@ -6,48 +6,20 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 import time
-import urllib.error
 import urllib.request
 
 import pytest
 
-from gcache.sdk import Client
-
 from .engine import shm_files_of_group
-from engine_testing.readme import Shell, readme_block
+from engine_testing.readme import (Shell, activated, readme_block, remove_server_files,
+                                    stored_objects, wait_healthy)
 from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 GCACHE, URL, PAGE = "127.0.0.1:7710", "http://127.0.0.1:30710", 16
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def activated() -> dict[str, str]:
-    """The environment as if this virtual environment were activated (the README assumes it)."""
-    return {"PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-def wait_healthy(url: str, shell: Shell, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if shell.proc.poll() is not None:
-            raise RuntimeError(f"the engine exited with {shell.proc.returncode}:\n{shell.log()}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"not healthy after {timeout_s}s:\n{shell.log()}")
-
-
-def stored_objects() -> int:
-    with Client([GCACHE], timeout_s=2.0) as client:
-        return sum(s["tier"]["objects"] for s in client.server_stats().values() if s)
 
 
 def test_the_cpu_recipe_runs_as_printed(tmp_path):
@@ -71,9 +43,9 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
             with urllib.request.urlopen(request, timeout=120) as reply:
                 assert json.loads(reply.read())["output_ids"] == reference
             deadline = time.monotonic() + 30
-            while stored_objects() < 2 * (len(ids) // PAGE) and time.monotonic() < deadline:
+            while stored_objects(GCACHE) < 2 * (len(ids) // PAGE) and time.monotonic() < deadline:
                 time.sleep(0.3)                     # SGLang backs pages up after the request
-            assert stored_objects() >= 2 * (len(ids) // PAGE), engine.log()
+            assert stored_objects(GCACHE) >= 2 * (len(ids) // PAGE), engine.log()
         finally:
             engine.stop()
             for path in owned:
@@ -83,9 +55,4 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
                     pass
     finally:
         server.stop()
-        for leftover in ("/dev/shm/gcache-7710", "/dev/shm/gcache-7710.id",
-                         "/tmp/gcache-7710.sock"):
-            try:
-                os.unlink(leftover)
-            except FileNotFoundError:
-                pass
+        remove_server_files(7710)
