@@ -84,8 +84,11 @@ def hit_of(ids: list[int]) -> int:
 
 
 def stored_bytes(cluster: LocalCluster) -> int:
-    with Client(cluster.addresses) as client:
-        return sum(s["tier"]["bytes"] for s in client.server_stats().values())
+    # a test's IO timeout, not an engine's 200 ms: the two cores also run the SGLang suite
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        stats = client.server_stats()
+    assert all(stats.values()), f"a server did not answer STAT: {stats}"
+    return sum(s["tier"]["bytes"] for s in stats.values())
 
 
 @pytest.mark.parametrize("name", list(GROUPS))
