@@ -28,6 +28,8 @@ def serve_metrics_http(address: str, render: Callable[[], bytes], *, token: str 
     expected = None if token is None else f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10.0                  # seconds a scraper may take: an idle one frees its thread
+
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
             if expected is not None and not hmac.compare_digest(
                     self.headers.get("Authorization", "").encode(), expected):

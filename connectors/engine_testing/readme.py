@@ -97,7 +97,8 @@ def stored_objects(address: str) -> int:
 
 def remove_server_files(port: int) -> None:
     """What a README's ``gcache-server --listen 127.0.0.1:PORT`` leaves behind by design."""
-    for leftover in (f"/dev/shm/gcache-{port}", f"/dev/shm/gcache-{port}.id",
+    for leftover in (f"/dev/shm/gcache-{port}", f"/dev/shm/gcache-{port}.key",
+                     f"/dev/shm/gcache-{port}.id",
                      f"/tmp/gcache-{port}.sock"):
         try:
             os.unlink(leftover)

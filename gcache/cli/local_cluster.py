@@ -130,6 +130,7 @@ class LocalCluster:
             if server.proc is not None:
                 self.terminate(server.index)
             for leftover in (os.path.join("/dev/shm", server.shm_name),
+                             os.path.join("/dev/shm", f"{server.shm_name}.key"),
                              os.path.join("/dev/shm", f"{server.shm_name}.id"),
                              f"/tmp/{server.shm_name}.sock"):
                 try:

@@ -123,12 +123,12 @@ def write_value(ch: Channel, key: bytes, value: Any, *, group: int = 0) -> Statu
     the whole value.
     """
     assert ch.mapping is not None
-    size = size_of(value)
+    size, asked_s = size_of(value), time.monotonic()
     alloc = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group))
     raise_for_status_except_space(alloc, "ALLOC")
     if alloc.status != Status.OK:
         return alloc.status
-    extent = _allocated(ch, alloc.handle, alloc.offset, alloc.length, size)
+    extent = _allocated(ch, alloc.handle, alloc.offset, alloc.length, size, asked_s)
     if is_cuda_tensor(value):
         digest = copy_in(ch.mapping, extent, value)
         _notify_written(ch, alloc.handle, 0, alloc.length)
@@ -145,13 +145,15 @@ def write_value(ch: Channel, key: bytes, value: Any, *, group: int = 0) -> Statu
     return reply.status
 
 
-def _allocated(ch: Channel, handle: int, offset: int, length: int, asked: int) -> Extent:
-    """The extent an ALLOC reply names, with its write window; ProtocolError when the server
-    answered another length than asked for."""
+def _allocated(ch: Channel, handle: int, offset: int, length: int, asked: int,
+               asked_s: float) -> Extent:
+    """The extent an ALLOC reply names, with its write window counted from ``asked_s``, when
+    the request was sent (the server's TTL starts later, never earlier); ProtocolError when the
+    server answered another length than asked for."""
     if length != asked:
         raise ProtocolError(f"ALLOC of {asked} bytes answered with {length}")
     assert ch.mapping is not None
-    return Extent(handle, offset, length, write_by_s=time.monotonic() + ch.mapping.write_window_s)
+    return Extent(handle, offset, length, write_by_s=asked_s + ch.mapping.write_window_s)
 
 
 def _notify_written(ch: Channel, handle: int, offset: int, length: int) -> None:
@@ -179,12 +181,13 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *,
                group: int = 0) -> list[Extent | None]:
     """Pipelined ALLOCs; None where the server had no space."""
     extents: list[Extent | None] = []
+    asked_s = time.monotonic()
     for n, reply in enumerate(_pipelined(ch, [dict(key=k, length=size, handle=group)
                                               for k, size in zip(keys, sizes)], Op.ALLOC)):
         raise_for_status_except_space(reply, "ALLOC")
         ok = reply.status == Status.OK
-        extents.append(_allocated(ch, reply.handle, reply.offset, reply.length, sizes[n])
-                       if ok else None)
+        extents.append(_allocated(ch, reply.handle, reply.offset, reply.length, sizes[n],
+                                  asked_s) if ok else None)
     return extents
 
 

@@ -16,8 +16,9 @@ starts with a ``SEGMENT`` header (two checked copies) carrying the record sequen
 claim, and every record (``RECORD``) carries its own sequence number, which is always larger:
 the claim consumes a number of its own. Bytes left over from a span's previous use therefore
 have smaller numbers and are never mistaken for records. Every record header carries a check
-(xxh3 of its fields, the key and the state it is meant to reach), so a flipped bit in a key or a
-length makes the record unreadable instead of another key's value, and records start at
+(BLAKE2b keyed with the arena's secret, of its fields, the key and the state it is meant to
+reach), so a flipped bit in a key or a length makes the record unreadable instead of another
+key's value, and a header forged inside a stored value never passes; records start at
 ``ALIGN`` boundaries, so recovery can find the next record past one it cannot read. A value
 becomes valid only when its state is flipped to COMMITTED after its checksum was checked; a
 delete appends a TOMBSTONE (twice: one flipped byte must not undo a delete). Replacing, moving
@@ -26,14 +27,19 @@ for the current one, even when the current one lives only in the cold tier. Page
 at start (``prefault``): first touches cost about 10x a warm copy on these machines and must not
 land on the hot path.
 
-The file is locked (``lockf``) while a server uses it, so a second server started on the same
-name by mistake refuses to start instead of allocating the same segments. POSIX locks belong to
-the process, so same-host clients holding the arena's descriptor never keep the lock alive.
+The secret lives beside the arena in ``<name>.key`` (0600), which clients never see (they are
+handed the arena's descriptor only). The arena is locked (``lockf``) while a server uses it, so
+a second server started on the same name by mistake refuses to start instead of allocating the
+same segments. POSIX locks belong to the process, so same-host clients holding the arena's
+descriptor never keep the lock alive (but a second descriptor for the file opened and closed in
+the server's own process would release it: the server opens it once).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import logging
 import mmap
 import os
 import struct
@@ -42,7 +48,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
 from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT
 from gcache.errors import ConfigError, NoSpace
@@ -50,10 +55,12 @@ from gcache.errors import ConfigError, NoSpace
 # magic, state, reserved, key_len, length, checksum, seq, group (xxh3_64 of the placement
 # group the key was put with; 0 for none: a draining server needs it to find each key's owner),
 # header check (``header_check``).
+log = logging.getLogger(__name__)
+
 RECORD = struct.Struct("<IBBHQQQQQ")
 RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"GOBJ" no group)
 _CHECKED = struct.Struct("<BHQQQQ")  # state, key_len, length, checksum, seq, group
-_CHECK_SEED = 0x4743484B             # keeps header checks apart from value checksums
+SECRET_BYTES = 32                    # the header checks' key, in ``<arena>.key`` (0600)
 STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 # A committed record whose key was written again, moved or deleted since: flipped in place (its
 # value bytes stay, for readers holding a lease), so at most one record per key is COMMITTED and
@@ -67,35 +74,64 @@ ALIGN = 64
 PAGE = 4096
 
 
-def header_check(state: int, key: bytes | memoryview, length: int, checksum: int, seq: int,
-                 group: int) -> int:
-    """xxh3_64 over a record's fields and key, for the state the record is meant to reach."""
-    hasher = xxhash.xxh3_64(_CHECKED.pack(state, len(key), length, checksum, seq, group),
-                            seed=_CHECK_SEED)
+def header_check(secret: bytes, state: int, key: bytes | memoryview, length: int, checksum: int,
+                 seq: int, group: int) -> int:
+    """A keyed hash (BLAKE2b, 8 bytes) of a record's fields and key, for the state the record is
+    meant to reach. Keyed, because recovery looks for records among bytes that earlier values
+    left behind: a client that stored a forged header inside a value must not be able to make
+    it valid."""
+    hasher = hashlib.blake2b(_CHECKED.pack(state, len(key), length, checksum, seq, group),
+                             digest_size=8, key=secret, person=b"gcache-record")
     hasher.update(key)
-    return hasher.intdigest()
+    return int.from_bytes(hasher.digest(), "little")
 
 
-def segment_check(span: int, claim_seq: int, age: int) -> int:
-    return xxhash.xxh3_64_intdigest(_SEGMENT_CHECKED.pack(span, claim_seq, age),
-                                    seed=_CHECK_SEED + 1)
+def segment_check(secret: bytes, span: int, claim_seq: int, age: int) -> int:
+    digest = hashlib.blake2b(_SEGMENT_CHECKED.pack(span, claim_seq, age), digest_size=8,
+                             key=secret, person=b"gcache-span").digest()
+    return int.from_bytes(digest, "little")
 
 
-def write_segment_header(view: memoryview, offset: int, *, span: int, claim_seq: int,
-                         age: int) -> None:
+def write_segment_header(view: memoryview, offset: int, secret: bytes, *, span: int,
+                         claim_seq: int, age: int) -> None:
     """Two checked copies of a span's header, so one flipped byte cannot lose the span."""
-    check = segment_check(span, claim_seq, age)
+    check = segment_check(secret, span, claim_seq, age)
     for copy in (0, SEGMENT.size):
         SEGMENT.pack_into(view, offset + copy, SEGMENT_MAGIC, span, claim_seq, age, check)
 
 
-def read_segment_header(view: memoryview, offset: int) -> tuple[int, int, int] | None:
+def read_segment_header(view: memoryview, offset: int,
+                        secret: bytes) -> tuple[int, int, int] | None:
     """(span, claim seq, age) from the first copy that passes its check, or None."""
     for copy in (0, SEGMENT.size):
         magic, span, claim_seq, age, check = SEGMENT.unpack_from(view, offset + copy)
-        if magic == SEGMENT_MAGIC and check == segment_check(span, claim_seq, age):
+        if magic == SEGMENT_MAGIC and check == segment_check(secret, span, claim_seq, age):
             return span, claim_seq, age
     return None
+
+
+def load_or_create_secret(arena_path: str, *, attached: bool) -> bytes:
+    """The key of an arena's header checks, kept beside it in ``<arena>.key`` (0600): clients
+    map the arena, never this file. A re-attached arena keeps its key; a new one (or one whose
+    key is gone, whose records then cannot be trusted) gets a fresh one."""
+    path = arena_path + ".key"
+    if attached:
+        try:
+            with open(path, "rb") as fh:
+                secret = fh.read()
+            if len(secret) == SECRET_BYTES:
+                return secret
+        except FileNotFoundError:
+            pass
+        log.warning("arena.key_missing path=%s: the previous records cannot be verified and "
+                    "are dropped", path)
+    secret = os.urandom(SECRET_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secret)
+    finally:
+        os.close(fd)
+    return secret
 
 
 def record_size(key_len: int, length: int) -> int:
@@ -154,6 +190,7 @@ class Arena:
         try:
             os.fchmod(fd, 0o600)
             self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena
+            self.secret = load_or_create_secret(self.path, attached=self.attached)
         except OSError as exc:
             os.close(fd)
             raise ConfigError("shm_name", name, f"cannot use {self.path}: {exc}") from exc
@@ -227,7 +264,7 @@ class Arena:
             self.segments[index].head = start
         # The claim takes a sequence number of its own: every record written here from now on
         # is newer than it, every leftover of the span's previous use older.
-        write_segment_header(self.view, start * self.segment_size, span=span,
+        write_segment_header(self.view, start * self.segment_size, self.secret, span=span,
                              claim_seq=self.next_record_seq(), age=head.seq)
         if span == 1:
             self._open = head
@@ -305,8 +342,8 @@ class Arena:
                             final_state: int | None = None) -> None:
         """Write a record header and key. ``final_state`` is the state ``set_record_state``
         will flip it to (the header check covers that one); default ``state``."""
-        check = header_check(state if final_state is None else final_state, key, length,
-                             checksum, seq, group)
+        check = header_check(self.secret, state if final_state is None else final_state, key,
+                             length, checksum, seq, group)
         RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, 0, len(key), length, checksum,
                          seq, group, check)
         self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
@@ -334,7 +371,8 @@ class Arena:
         os.close(self.fd)
         self.fd = -1
         if unlink:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            for path in (self.path, self.path + ".key"):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass

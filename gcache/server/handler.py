@@ -100,7 +100,8 @@ class ConnectionHandler:
                     check_request(header, max_value_size=self.config.max_value_size)
                     if not self._authenticated and header.op not in (Op.HELLO, Op.AUTH):
                         raise Refused(Status.AUTH_REQUIRED, f"{header.op.name} before AUTH")
-                    key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s))
+                    key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s,
+                                                     deadline_s=self._deadline_s(header.key_len)))
                     self._dispatch[header.op](header, key)
                 except (ProtocolError, Refused) as exc:
                     status = exc.status if isinstance(exc, Refused) else Status.BAD_REQUEST
@@ -123,14 +124,17 @@ class ConnectionHandler:
         size = sum(len(p) for p in payload)
         header = Header(op, request_id, status, payload_len=size, **fields)
         try:
-            self.conn.send((header.pack(), *payload), timeout_s=self.io_timeout_s)
+            self.conn.send((header.pack(), *payload), timeout_s=self.io_timeout_s,
+                           deadline_s=self._deadline_s(size))
         except TransportError:
             if not fatal:
                 raise
 
     def _deadline_s(self, n_bytes: int) -> float:
-        """When ``n_bytes`` must have arrived: one IO timeout of grace, then the minimum rate."""
-        return time.monotonic() + self.io_timeout_s + n_bytes / self.config.min_transfer_rate
+        """When ``n_bytes`` must have moved: one IO timeout of grace, then the minimum rate; and
+        never later than the authentication deadline while there is one."""
+        deadline_s = time.monotonic() + self.io_timeout_s + n_bytes / self.config.min_transfer_rate
+        return deadline_s if self._authenticated else min(deadline_s, self._auth_deadline_s)
 
     def _recv_bytes(self, n_bytes: int) -> bytearray:
         """A peer-declared payload (key lists, tables, proofs), grown as its bytes arrive."""
@@ -165,7 +169,8 @@ class ConnectionHandler:
         self._handles.add(handle)
         self._recv_extent(handle, 0, length)
         if expected is None:
-            (expected,) = TRAILER.unpack(self.conn.recv_exact(trailer, timeout_s=self.io_timeout_s))
+            (expected,) = TRAILER.unpack(self.conn.recv_exact(
+                trailer, timeout_s=self.io_timeout_s, deadline_s=self._deadline_s(trailer)))
         self._handles.discard(handle)
         return self._commit_status(handle, expected)
 
@@ -262,8 +267,7 @@ class ConnectionHandler:
 
     def _commit(self, h: Header, key: bytes) -> None:
         status = self._commit_status(self._owned(h.handle), h.checksum)
-        if status != Status.UNKNOWN_HANDLE:
-            self._handles.discard(h.handle)
+        self._handles.discard(h.handle)        # committed, refused or expired: done with it
         self._reply(h, status)
 
     def _lease(self, h: Header, key: bytes) -> None:
@@ -300,9 +304,9 @@ class ConnectionHandler:
             handles = [h.handle]
         released = 0
         for handle in handles:
-            if handle in self._handles and self.tier.release(handle):
-                self._handles.discard(handle)
-                released += 1
+            if handle in self._handles:
+                released += self.tier.release(handle)
+                self._handles.discard(handle)  # released now, or expired already
         if not h.flags & FLAG_NO_REPLY:
             self._reply(h, Status.OK if released == len(handles) else Status.UNKNOWN_HANDLE,
                         count=released)

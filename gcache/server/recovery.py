@@ -60,7 +60,7 @@ def scan(arena: Arena) -> Recovered:
     newest: dict[bytes, tuple[int, Found | None]] = {}       # key -> (seq, value or tombstone)
     index, count, size = 0, len(arena.segments), arena.segment_size
     while index < count:
-        header = read_segment_header(arena.view, index * size)
+        header = read_segment_header(arena.view, index * size, arena.secret)
         if header is None or not 1 <= header[0] <= count - index:
             index += 1
             continue
@@ -83,9 +83,9 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
     limit, keys = start + span * arena.segment_size, []
     pos = fill = start + SEGMENT_HEADER_BYTES
     while pos + RECORD.size <= limit:
-        record = _read_header(view, pos, limit, claim_seq)
+        record = _read_header(view, pos, limit, claim_seq, arena.secret)
         if record is None:
-            found = _next_record(view, pos + ALIGN, limit, claim_seq)
+            found = _next_record(view, pos + ALIGN, limit, claim_seq, arena.secret)
             if found is not None or _looks_like_ours(view, pos, claim_seq):
                 out.dropped_headers += 1          # not the end of the span: a damaged header
                 log.error("recovery.bad_header offset=%d", pos)
@@ -112,7 +112,8 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
     return fill - start, keys
 
 
-def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int) -> tuple | None:
+def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
+                 secret: bytes) -> tuple | None:
     """(state, key, length, checksum, seq, group, end) of a valid record at ``pos`` newer than
     the span's claim, or None. A PENDING record may carry the check of either state: COMMIT
     writes the committed check before it flips the state."""
@@ -124,7 +125,7 @@ def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int) -> tupl
     states = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
               STATE_SUPERSEDED: (STATE_COMMITTED,)}.get(state, (state,))
     if state not in (STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE, STATE_SUPERSEDED) or all(
-            header_check(s, key, length, stored, seq, group) != check for s in states):
+            header_check(secret, s, key, length, stored, seq, group) != check for s in states):
         return None
     return state, key, length, stored, seq, group, end
 
@@ -135,7 +136,8 @@ def _looks_like_ours(view: memoryview, pos: int, claim_seq: int) -> bool:
     return magic == RECORD_MAGIC and seq > claim_seq
 
 
-def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int) -> int | None:
+def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int,
+                 secret: bytes) -> int | None:
     """The next aligned offset from ``pos`` holding a valid record newer than the claim."""
     if pos + RECORD.size > limit:
         return None
@@ -143,7 +145,7 @@ def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int) -> int 
     for step in np.flatnonzero(words[::ALIGN // 4] == RECORD_MAGIC):
         candidate = pos + int(step) * ALIGN
         if candidate + RECORD.size <= limit and \
-                _read_header(view, candidate, limit, claim_seq) is not None:
+                _read_header(view, candidate, limit, claim_seq, secret) is not None:
             return candidate
     return None
 

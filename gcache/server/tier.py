@@ -272,7 +272,9 @@ class HotTier:
             self._supersede(entry)          # on its own enough for a restart to skip it
             one = record_size(len(key), 0)
             try:
-                head, record = self._allocate(2 * one, ALLOC_WAIT_S)
+                # Never waits: a wait lets go of the lock, and a put of the key committed
+                # meanwhile would get an older sequence number than these tombstones.
+                head, record = self.arena.allocate(2 * one)
             except NoSpace:
                 log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True

@@ -69,11 +69,15 @@ class TieredStore:
         return self.hot.exists(key) or self._cold_entry(key) is not None
 
     def delete(self, key: bytes) -> bool:
-        with self._guard:                        # before the hot delete: see ``_promote``
+        """Forget ``key`` in both tiers. The disk copy goes first, under the guard a promotion
+        looks it up under (see ``_promote``); then memory, which also removes a promotion that
+        committed in between; then the disk copy again, for a demotion that was writing it."""
+        with self._guard:
             if key in self._promoting:
                 self._deleted.add(key)
+            on_disk = self.cold.delete(key)
         in_memory = self.hot.delete(key)
-        return self._drop_cold(key) or in_memory
+        return self._drop_cold(key) or on_disk or in_memory
 
     def keys_with_groups(self) -> list[tuple[bytes, int]]:
         """Every key in memory or on disk with its placement-group hash (for a drain)."""
@@ -118,12 +122,16 @@ class TieredStore:
 
     def _promote(self, key: bytes) -> bool:
         """Read ``key`` from disk into memory. A delete that lands while the disk is read must
-        win, or the promotion would bring the deleted value back: ``delete`` marks the key
-        before it deletes, and the commit asks for the mark under the hot tier's lock."""
+        win, or the promotion would bring the deleted value back. The promotion registers and
+        looks the key up under ``_guard``, where ``delete`` marks registered promotions and
+        drops the disk copy: either the lookup finds nothing, or the promotion is marked, and
+        its commit asks for the mark under the hot tier's lock (one that committed before the
+        mark is removed by the delete's own hot delete, which comes after)."""
         with self._guard:
             self._promoting[key] += 1
+            entry = None if key in self._superseded else self.cold.lookup(key)
         try:
-            return self._promote_tracked(key)
+            return self._promote_entry(key, entry)
         finally:
             with self._guard:
                 self._promoting[key] -= 1
@@ -135,8 +143,7 @@ class TieredStore:
         with self._guard:
             return key in self._deleted
 
-    def _promote_tracked(self, key: bytes) -> bool:
-        entry = self._cold_entry(key)
+    def _promote_entry(self, key: bytes, entry: ColdEntry | None) -> bool:
         if entry is None:
             self.cold_misses += 1
             return False

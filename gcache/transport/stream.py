@@ -60,7 +60,11 @@ class StreamConnection:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
             self._timeout_s = timeout_s
 
-    def send(self, frames: Sequence[bytes | memoryview], *, timeout_s: float | None) -> None:
+    def send(self, frames: Sequence[bytes | memoryview], *, timeout_s: float | None,
+             deadline_s: float | None = None) -> None:
+        """Send ``frames`` in IOs of at most ``io_size``. ``deadline_s`` (``time.monotonic()``)
+        bounds the whole send, as in ``recv_into``: a peer that reads a byte at a time must not
+        hold what the reply pins (a read lease) for ever."""
         self._set_timeout(timeout_s)
         batch: list[memoryview] = []
         batch_len = 0
@@ -70,19 +74,27 @@ class StreamConnection:
                 for start in range(0, len(view), self.io_size):
                     piece = view[start:start + self.io_size]
                     if batch_len + len(piece) > self.io_size:
-                        self._sendmsg_all(batch)
+                        self._sendmsg_all(batch, timeout_s, deadline_s)
                         batch, batch_len = [], 0
                     batch.append(piece)
                     batch_len += len(piece)
             if batch:
-                self._sendmsg_all(batch)
+                self._sendmsg_all(batch, timeout_s, deadline_s)
         except (socket.timeout, BlockingIOError) as exc:
             raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
         except OSError as exc:
             raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
 
-    def _sendmsg_all(self, batch: list[memoryview]) -> None:
+    def _sendmsg_all(self, batch: list[memoryview], timeout_s: float | None,
+                     deadline_s: float | None) -> None:
         while batch:
+            if deadline_s is not None:
+                left_s = deadline_s - time.monotonic()
+                if left_s <= 0:
+                    raise IOTimeout(f"send to {self.peer} too slow: the peer did not take the "
+                                    "reply by its deadline")
+                if timeout_s is None or left_s < timeout_s:
+                    self._set_timeout(left_s)
             sent = self._sock.sendmsg(batch)
             while sent:
                 if sent >= len(batch[0]):

@@ -315,10 +315,12 @@ def _arena_targets(path: str) -> list[tuple[str, int, int]]:
                                      read_segment_header, value_offset)
     with open(path, "rb") as fh:
         data = memoryview(fh.read())
+    with open(path + ".key", "rb") as fh:
+        secret = fh.read()
     segment = 4 << 20
     targets, index = [], 0
     while index * segment < len(data):
-        header = read_segment_header(data, index * segment)
+        header = read_segment_header(data, index * segment, secret)
         if header is None:
             index += 1
             continue

@@ -228,10 +228,11 @@ def test_a_second_server_on_a_running_servers_arena_refuses_to_start(cluster_fac
     second = run_server("--memory", "64MiB", "--shm-name", f"{first.shm_name}-other",
                         "--unix-socket", f"/tmp/{first.shm_name}.sock")
     assert second.returncode == 2 and "another server is listening" in second.stderr
-    try:
-        os.unlink(f"/dev/shm/{first.shm_name}-other")
-    except FileNotFoundError:
-        pass
+    for leftover in (f"/dev/shm/{first.shm_name}-other", f"/dev/shm/{first.shm_name}-other.key"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
     with Client(cluster.addresses, timeout_s=2.0, transport="shm") as client:
         assert client.get("mine") == b"first server's value"
         assert client.stats()["shm_servers"]

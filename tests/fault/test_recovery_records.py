@@ -192,3 +192,27 @@ def test_a_flipped_byte_in_a_segment_header_loses_nothing(arena_name, byte):
     tier.arena.view[head * SEG + byte] ^= 0x20
     tier = restart(tier, arena_name)
     assert {key: read(tier, key) for key in expected} == expected
+
+
+def test_a_header_forged_inside_a_stored_value_never_becomes_a_record(arena_name):
+    """Recovery resyncs past damage by scanning for headers, also among bytes that earlier
+    values left behind. A client may store anything: a header it forges there, for another key
+    and with a huge sequence number, must not verify (the check is keyed with the arena's
+    secret, which clients never see)."""
+    from gcache.server.arena import RECORD, RECORD_MAGIC, STATE_COMMITTED, header_check
+    tier = arena_name()
+    body = b"forged value for the victim"
+    forged = bytearray(64 * 40)
+    for slot in range(0, len(forged) - 128, 64):       # one at every alignment it could land on
+        check = header_check(b"\0" * 32, STATE_COMMITTED, b"victim", len(body), checksum(body),
+                             2**64 - 2, 0)
+        RECORD.pack_into(forged, slot, RECORD_MAGIC, STATE_COMMITTED, 0, 6, len(body),
+                         checksum(body), 2**64 - 2, 0, check)
+        forged[slot + RECORD.size:slot + RECORD.size + 6] = b"victim"
+    put(tier, b"carrier", bytes(forged))
+    victim_offset = record_offset(tier, b"carrier")
+    tier.arena.view[victim_offset + 8] ^= 0x01          # damage the carrier: recovery resyncs
+    tier = restart(tier, arena_name)
+    assert read(tier, b"victim") is None
+    put(tier, b"after", b"writes still work")        # no sequence number near 2**64 was taken
+    assert read(tier, b"after") == b"writes still work"

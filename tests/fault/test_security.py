@@ -134,7 +134,8 @@ def test_daemon_files_are_private_and_logs_hold_no_secrets(tmp_path, secured_mas
             wait_until(lambda: client.get("secret0") == payload, timeout_s=10)
         shm = cluster.servers[0].shm_name
         created = modes_under(str(disk))
-        created[f"/dev/shm/{shm}"] = stat.S_IMODE(os.stat(f"/dev/shm/{shm}").st_mode)
+        for path in (f"/dev/shm/{shm}", f"/dev/shm/{shm}.key"):
+            created[path] = stat.S_IMODE(os.stat(path).st_mode)
         created[f"/tmp/{shm}.sock"] = stat.S_IMODE(os.stat(f"/tmp/{shm}.sock").st_mode)
         logs = [cluster.servers[0].log_path]
     for member in secured_masters.members:
