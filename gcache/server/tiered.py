@@ -71,13 +71,14 @@ class TieredStore:
     def delete(self, key: bytes) -> bool:
         """Forget ``key`` in both tiers. The disk copy goes first, under the guard a promotion
         looks it up under (see ``_promote``); then memory, which also removes a promotion that
-        committed in between; then the disk copy again, for a demotion that was writing it."""
-        with self._guard:
-            if key in self._promoting:
-                self._deleted.add(key)
-            on_disk = self.cold.delete(key)
+        committed in between. A demotion may have been writing the key meanwhile (it took the
+        value while it was still current): its copy is dropped or marked superseded, promotions
+        that found it are marked, and memory is cleared once more for one that committed."""
+        on_disk = self._drop_cold(key, deleting=True)
         in_memory = self.hot.delete(key)
-        return self._drop_cold(key) or on_disk or in_memory
+        again = self._drop_cold(key, deleting=True)
+        in_memory = self.hot.delete(key) or in_memory
+        return on_disk or again or in_memory
 
     def keys_with_groups(self) -> list[tuple[bytes, int]]:
         """Every key in memory or on disk with its placement-group hash (for a drain)."""
@@ -189,11 +190,15 @@ class TieredStore:
 
     # ---- disk copies ---------------------------------------------------------------------------
 
-    def _drop_cold(self, key: bytes) -> bool:
+    def _drop_cold(self, key: bytes, *, deleting: bool = False) -> bool:
+        """Drop ``key``'s disk copy (a newer value was committed, or it is being deleted: then
+        promotions of it in flight are marked too, under the guard they look it up under)."""
         with self._guard:
             if key in self._in_flight:
                 self._superseded.add(key)
-        return self.cold.delete(key)
+            if deleting and key in self._promoting:
+                self._deleted.add(key)
+            return self.cold.delete(key)
 
     def demote(self, entries: list[Entry]) -> int:
         """Write entries to disk (on the demoter thread); returns how many are there now."""
