@@ -85,16 +85,19 @@ class StreamConnection:
         except OSError as exc:
             raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
 
+    def _before_deadline(self, deadline_s: float, timeout_s: float | None, done: str) -> None:
+        """Raise IOTimeout once ``deadline_s`` has passed; else make a blocked IO wake near it."""
+        left_s = deadline_s - time.monotonic()
+        if left_s <= 0:
+            raise IOTimeout(f"{self.peer} too slow: only {done} by the transfer's deadline")
+        if _wakes_late(timeout_s, left_s):
+            self._set_timeout(left_s)
+
     def _sendmsg_all(self, batch: list[memoryview], timeout_s: float | None,
                      deadline_s: float | None) -> None:
         while batch:
             if deadline_s is not None:
-                left_s = deadline_s - time.monotonic()
-                if left_s <= 0:
-                    raise IOTimeout(f"send to {self.peer} too slow: the peer did not take the "
-                                    "reply by its deadline")
-                if _wakes_late(timeout_s, left_s):
-                    self._set_timeout(left_s)
+                self._before_deadline(deadline_s, timeout_s, "the peer did not take the reply")
             sent = self._sock.sendmsg(batch)
             while sent:
                 if sent >= len(batch[0]):
@@ -118,12 +121,7 @@ class StreamConnection:
         try:
             while got < total:
                 if deadline_s is not None:
-                    left_s = deadline_s - time.monotonic()
-                    if left_s <= 0:
-                        raise IOTimeout(f"recv from {self.peer} too slow: {got} of {total} "
-                                        "bytes by its deadline")
-                    if _wakes_late(timeout_s, left_s):
-                        self._set_timeout(left_s)
+                    self._before_deadline(deadline_s, timeout_s, f"{got} of {total} bytes came")
                 if self._rpos < self._rend:               # bytes already read ahead
                     n = min(total - got, self._rend - self._rpos)
                     buf[got:got + n] = self._rview[self._rpos:self._rpos + n]
