@@ -79,15 +79,11 @@ class Routes:
         conn = connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
         try:
             payload, _ = handshake(conn, self._timeout_s, self._token)
+            if facts is not None:
+                facts.append(parse_facts(payload))
         except BaseException:
             conn.close()
             raise
-        if facts is not None:
-            try:
-                facts.append(parse_facts(payload))
-            except BaseException:
-                conn.close()
-                raise
         return conn
 
     def _discover(self, address: str) -> Link:

@@ -168,9 +168,7 @@ class HotTier:
             pin.writers -= 1
             if not pin.expired:
                 return True
-            if pin.writers == 0:
-                del self._pins[handle]
-                pin.entry.head.pins -= 1
+            if self._drop_pin(handle, pin):
                 self.counters.expired_pins += 1
             return False
 
@@ -220,11 +218,7 @@ class HotTier:
         with self._lock:
             pin = self._pins.get(handle)
             if pin is not None and pin.pending:
-                if pin.writers:
-                    pin.expired = True             # the receive in progress drops it
-                    return
-                del self._pins[handle]
-                pin.entry.head.pins -= 1
+                self._drop_pin(handle, pin)
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -294,13 +288,8 @@ class HotTier:
             expired = [h for h, pin in self._pins.items()
                        if pin.expires_s <= now_s and not pin.expired]
             for handle in expired:
-                pin = self._pins[handle]
-                if pin.writers:
-                    pin.expired = True             # dropped when its receive ends
-                    continue
-                del self._pins[handle]
-                pin.entry.head.pins -= 1
-                self.counters.expired_pins += 1
+                if self._drop_pin(handle, self._pins[handle]):
+                    self.counters.expired_pins += 1
         return len(expired)
 
     def stats(self) -> dict[str, int]:
@@ -314,6 +303,16 @@ class HotTier:
 
     def close(self, *, unlink: bool) -> None:
         self.arena.close(unlink=unlink)
+
+    def _drop_pin(self, handle: int, pin: Pin) -> bool:
+        """Unpin ``handle`` now (True), or, while a receive is writing into its extent, mark it
+        expired for ``write_done`` to drop when the receive ends (False). Under ``_lock``."""
+        if pin.writers:
+            pin.expired = True
+            return False
+        del self._pins[handle]
+        pin.entry.head.pins -= 1
+        return True
 
     def _supersede(self, entry: Entry | None) -> None:
         """Mark the record of a replaced, moved or deleted entry (under ``_lock``). An entry in
