@@ -16,6 +16,7 @@ import pytest
 from gcache.keys import checksum
 from gcache.server.arena import RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES
 from gcache.server.tier import HotTier
+from tests.unit.test_hot_tier import put, read
 
 SEG = 64 * 1024
 SEGMENTS = 8
@@ -40,25 +41,6 @@ def arena_name():
 def restart(tier: HotTier, open_tier) -> HotTier:
     tier.close(unlink=False)
     return open_tier()
-
-
-def put(tier: HotTier, key: bytes, value: bytes) -> None:
-    handle, _, target = tier.alloc(key, len(value))
-    target[:] = value
-    target.release()
-    tier.commit(handle, checksum(value))
-
-
-def read(tier: HotTier, key: bytes) -> bytes | None:
-    leased = tier.lease(key)
-    if leased is None:
-        return None
-    handle, _, view = leased
-    try:
-        return bytes(view)
-    finally:
-        view.release()
-        tier.release(handle)
 
 
 def value(i: int, size: int = 3000) -> bytes:

@@ -23,6 +23,7 @@ def tier():
 def put(tier, key: bytes, value: bytes) -> None:
     handle, _, target = tier.alloc(key, len(value))
     target[:] = value
+    target.release()                  # a view left exported keeps the arena from unmapping
     tier.commit(handle, checksum(value))
 
 
@@ -34,6 +35,7 @@ def read(tier, key: bytes) -> bytes | None:
     try:
         return bytes(view)
     finally:
+        view.release()
         tier.release(handle)
 
 

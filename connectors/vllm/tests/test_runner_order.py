@@ -57,15 +57,23 @@ def loaded_blocks(meta) -> set[int]:
     return {b for load in meta.loads for group in load.block_ids for b in group if b}
 
 
-def test_a_steps_load_is_not_applied_again_in_the_next_step(tmp_path, cluster,
-                                                            as_transfer_group):
+def loading_engine(tmp_path, cluster, as_transfer_group, *, first_token: int, seed: int):
+    """A prompt saved by one engine, and a fresh engine (vLLM's scheduler, our worker as the
+    transfer group) with a request for it queued: its first step loads the prefix."""
     config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
-    prompt = list(range(8000, 8100))
-    save_prompt(config, kv_config, prompt, seed=6, req_id="a")
+    prompt = list(range(first_token, first_token + 100))
+    save_prompt(config, kv_config, prompt, seed=seed, req_id="a")
     sched = scheduler(config, kv_config)
     connector, tensors = worker(config, kv_config, seed=None)
     as_transfer_group(connector)
     sched.add_request(request("b", prompt))
+    return config, sched, connector, tensors
+
+
+def test_a_steps_load_is_not_applied_again_in_the_next_step(tmp_path, cluster,
+                                                            as_transfer_group):
+    config, sched, connector, tensors = loading_engine(tmp_path, cluster, as_transfer_group,
+                                                       first_token=8000, seed=6)
     first, output = runner_step(config, sched, connector)
     assert first.has_sync_kv_loads and first.kv_connector_metadata.loads
     assert connector.worker.counters["loaded_layers"] == 4 and not output.invalid_block_ids
@@ -82,13 +90,8 @@ def test_a_steps_load_is_not_applied_again_in_the_next_step(tmp_path, cluster,
 
 
 def test_a_failed_load_is_reported_in_its_own_step_only(tmp_path, cluster, as_transfer_group):
-    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
-    prompt = list(range(10000, 10100))
-    save_prompt(config, kv_config, prompt, seed=7, req_id="a")
-    sched = scheduler(config, kv_config)
-    connector, _ = worker(config, kv_config, seed=None)
-    as_transfer_group(connector)
-    sched.add_request(request("b", prompt))
+    config, sched, connector, _ = loading_engine(tmp_path, cluster, as_transfer_group,
+                                                 first_token=10000, seed=7)
     killed = []
     original_start = connector.start_load_kv
 
