@@ -14,7 +14,7 @@ VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-sglang test-vllm envs bench replay redis proto soak clean
+.PHONY: run test test-sglang test-vllm envs bench replay redis proto soak clean gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -94,6 +94,28 @@ test-vllm: $(VLI_STAMP) $(VLE_STAMP)
 SOAK_S ?= 600
 soak: $(STAMP)
 	$(PY) -m tests.fault.soak --seconds $(SOAK_S) --json bench/results/soak-latest.json
+
+# On a one-GPU host with CUDA torch (no vLLM, no SGLang, no network): every requires_gpu test
+# (the SDK's CUDA tensors over shared memory, the vLLM worker's gather/scatter and staging on
+# CUDA) and bench/gpu_copy.py's GB/s against torch's pinned copies. GCache runs from the source
+# tree; its pure-Python dependencies install from wheelhouse/ when it is there (make gpu-wheels
+# fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the tests.
+GPU_PY    ?= python3
+GPU_PYVER ?= 3.12
+GPU_VENV  := .venv-gpu
+GPU_PATH  := PYTHONPATH=$(CURDIR):$(CURDIR)/connectors/vllm
+gpu-check:
+	$(GPU_PY) -m venv --system-site-packages $(GPU_VENV)
+	if [ -d wheelhouse ]; then $(GPU_VENV)/bin/python -m pip --disable-pip-version-check \
+	  install -q --no-index --find-links wheelhouse -r tests/gpu/requirements.txt; fi
+	$(GPU_VENV)/bin/python -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__, torch.cuda.get_device_name())'
+	$(GPU_PATH) timeout 480 $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
+	  -m requires_gpu tests/gpu tests/integration/test_same_host.py
+	$(GPU_PATH) timeout 120 $(GPU_VENV)/bin/python bench/gpu_copy.py
+
+gpu-wheels:
+	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \
+	  --python-version $(GPU_PYVER) -r tests/gpu/requirements.txt
 
 # The Redis baseline of bench/dataplane.py needs Debian's redis-server.
 redis:

@@ -243,7 +243,7 @@ class KVStore:
             if layer in self.tail_layers:
                 if b == 0:
                     continue
-                start, stop = tail_span(b, page, self.layout.window)
+                start, stop = self.load_span(layer, hit_tokens)
                 spans = [(page_keys.tail_key(hashes[b - 1], layer), start, stop)]
             else:
                 spans = [(page_keys.page_key(hashes[i], layer), i * page, (i + 1) * page)
@@ -254,6 +254,15 @@ class KVStore:
         group = page_keys.group_of(hashes)
         self._loader.submit(handle.run, plan, lambda keys, outs: self._get(keys, outs, group))
         return handle
+
+    def load_span(self, layer: int, hit_tokens: int) -> tuple[int, int]:
+        """The tokens ``[start, stop)`` of ``layer`` that ``load`` fetches for a hit of
+        ``hit_tokens``: all of them for a paged layer, the window tail for an SWA one (what an
+        engine's staging for the load must hold)."""
+        if layer in self.tail_layers:
+            return tail_span(hit_tokens // self.layout.page_size, self.layout.page_size,
+                             self.layout.window)
+        return 0, hit_tokens
 
     def _target(self, sink: KVSink, layer: int, start: int, stop: int) -> memoryview:
         return self._sized(sink.write_target(layer, start, stop), layer, start, stop,

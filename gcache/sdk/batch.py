@@ -26,7 +26,7 @@ from gcache.sdk.routes import Link
 from gcache.sdk.shm_exchange import Extent
 
 log = logging.getLogger(__name__)
-Held = tuple[Link, list[int], list[Extent | None]]
+Held = tuple[Link, list[int], list[Extent | Status | None]]
 
 
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
@@ -110,11 +110,30 @@ def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Statu
         results[i] = put_outcome(d.stats, statuses[n], shm_exchange.size_of(values[i]))
 
 
+def read_one(d: Dispatcher, key: bytes, out: Any,
+             group: bytes | None) -> ReadResult | Status | None | Miss:
+    """One key's read on its owner: LEASE and copy over shared memory, GET over TCP."""
+    verify = d.config.verify_checksum
+
+    def exchange(ch: Channel) -> ReadResult | Status | None:
+        shm_exchange.needs_shm(ch, out, "out")
+        if ch.mapping is not None:
+            return shm_exchange.read_value(ch, key, out, verify=verify)
+        return protocol.read_value(ch, key, out, verify=verify)
+
+    return d.call(d.owner(key, group), exchange)
+
+
 def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
                group: bytes | None) -> list[Any]:
-    """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses."""
+    """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses.
+
+    A key the server has on disk but no memory to bring up (NO_SPACE) is asked for once more
+    on its own once the batch has let go of its leases: often the batch's own leases were
+    what pinned the memory."""
     results: list[Any] = [None] * len(keys)
     verify, want_bytes = d.config.verify_checksum, outs is None
+    again: list[int] = []
 
     def start(address: str | None, idx: list[int]) -> Held | None:
         d.stats.request("get", len(idx))
@@ -122,7 +141,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            def over_tcp(ch: Channel) -> list[ReadResult | None]:
+            def over_tcp(ch: Channel) -> list[ReadResult | Status | None]:
                 targets = None if outs is None else [outs[i] for i in idx]
                 for i, target in zip(idx, targets or ()):
                     shm_exchange.needs_shm(ch, target, f"outs[{i}]")
@@ -133,7 +152,10 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
             if not isinstance(found, Miss):
                 d.release(link)
                 for n, i in enumerate(idx):
-                    results[i] = read_outcome(d.stats, found[n], want_bytes=want_bytes)
+                    if found[n] is Status.NO_SPACE:
+                        again.append(i)
+                    else:
+                        results[i] = read_outcome(d.stats, found[n], want_bytes=want_bytes)
             return None
         extents = d.run(link, lambda ch: shm_exchange.lease_many(ch, [keys[i] for i in idx]),
                         len(idx))
@@ -148,13 +170,23 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         for (_, i, _, _), result in zip(copies, found):
             if result is not None:
                 results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
-        for link, idx, extents in held:
+        for _, idx, extents in held:
             for i, extent in zip(idx, extents):
-                if extent is None:
+                if extent is Status.NO_SPACE:
+                    again.append(i)
+                elif extent is None:
                     results[i] = read_outcome(d.stats, None, want_bytes=want_bytes)
     finally:
         for link, _, extents in held:
-            d.submit(_release, d, link, [e.handle for e in extents if e is not None])
+            handles = [e.handle for e in extents if isinstance(e, Extent)]
+            if again:          # released before the retries ask, on the link that leased them
+                _release(d, link, handles)
+            else:
+                d.submit(_release, d, link, handles)
+    retried = d.parallel([lambda i=i: read_one(d, keys[i], None if outs is None else outs[i],
+                                               group) for i in again])
+    for i, result in zip(again, retried):
+        results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
     return results
 
 
@@ -163,7 +195,7 @@ def _read_copies(held: list[Held], outs: list[Any] | None) -> list[tuple[Link, i
     copies = []
     for link, idx, extents in held:
         for i, extent in zip(idx, extents):
-            if extent is None:
+            if not isinstance(extent, Extent):
                 continue
             target = memoryview(bytearray(extent.length)) if outs is None else outs[i]
             protocol.check_fits(shm_exchange.size_of(target), extent.length, f"outs[{i}]")

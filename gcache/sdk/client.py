@@ -31,7 +31,7 @@ from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
-from gcache.sdk.protocol import Channel, ReadResult
+from gcache.sdk.protocol import Channel
 from gcache.transport.cuda import is_cuda_tensor
 from gcache.transport.master_rpc import MasterLink, parse_masters
 
@@ -154,15 +154,7 @@ class Client:
 
     def _read(self, key: bytes, out: Any, group: bytes | None) -> Any:
         self._stats.request("get")
-        verify = self.config.verify_checksum
-
-        def exchange(ch: Channel) -> ReadResult | None:
-            shm_exchange.needs_shm(ch, out, "out")
-            if ch.mapping is not None:
-                return shm_exchange.read_value(ch, key, out, verify=verify)
-            return protocol.read_value(ch, key, out, verify=verify)
-
-        return read_outcome(self._stats, self._d.call(self._d.owner(key, group), exchange),
+        return read_outcome(self._stats, batch.read_one(self._d, key, out, group),
                             want_bytes=out is None)
 
     def exists(self, key: Any, *, group: Any = None) -> bool:

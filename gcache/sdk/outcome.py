@@ -24,9 +24,14 @@ def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool
     return False
 
 
-def read_outcome(stats: ClientStats, result: ReadResult | None | Miss, *, want_bytes: bool) -> Any:
-    """The value (bytes) or its length, or None for absent, failed and corrupt reads."""
+def read_outcome(stats: ClientStats, result: ReadResult | Status | None | Miss, *,
+                 want_bytes: bool) -> Any:
+    """The value (bytes) or its length, or None for absent, failed and corrupt reads, and for
+    a value the server could not bring up from its disk for want of memory (NO_SPACE)."""
     if result is MISS:
+        return None
+    if result is Status.NO_SPACE:
+        stats.miss("no_space")
         return None
     if result is None:
         stats.miss("absent")

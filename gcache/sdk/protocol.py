@@ -133,10 +133,15 @@ def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
 
 
 def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
-               verify: bool) -> ReadResult | None:
-    """GET ``key`` into ``out`` (or a new buffer); None when absent. Raises InvalidRequest for
-    an ``out`` smaller than the value (the connection is then mid-reply: close it)."""
-    _, reply = get_length(ch, key)
+               verify: bool) -> ReadResult | Status | None:
+    """GET ``key`` into ``out`` (or a new buffer); None when absent, NO_SPACE when it is on the
+    server's disk with no room in memory to bring it up now. Raises InvalidRequest for an
+    ``out`` smaller than the value (the connection is then mid-reply: close it)."""
+    request = ch.request(Op.GET, key=key)
+    reply = ch.reply(request)
+    if reply.status == Status.NO_SPACE:
+        return Status.NO_SPACE
+    raise_for_status(reply, "GET")
     if reply.status == Status.NOT_FOUND:
         return None
     ch.check_value_length(reply.payload_len)
@@ -197,8 +202,9 @@ def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
 
 
 def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
-                      verify: bool) -> list[ReadResult | None]:
-    """One BATCH_GET; each present value lands in its ``out`` (or a new buffer). Raises
+                      verify: bool) -> list[ReadResult | Status | None]:
+    """One BATCH_GET; each present value lands in its ``out`` (or a new buffer); None for an
+    absent key, NO_SPACE for one the server could not bring up from disk now. Raises
     InvalidRequest, before reading any value, when an ``out`` is too small."""
     reply = ch.reply(ch.request(Op.BATCH_GET, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "BATCH_GET")
@@ -215,10 +221,10 @@ def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | 
         for n, (status, length, _) in enumerate(table):
             if status == Status.OK:
                 check_fits(len(outs[n]), length, f"outs[{n}]")
-    results: list[ReadResult | None] = []
+    results: list[ReadResult | Status | None] = []
     for n, (status, length, stored) in enumerate(table):
         if status != Status.OK:
-            results.append(None)
+            results.append(Status.NO_SPACE if status == Status.NO_SPACE else None)
             continue
         results.append(_recv_value(ch, None if outs is None else outs[n], length, stored,
                                    verify=verify))

@@ -97,10 +97,13 @@ def release(ch: Channel, handles: Sequence[int]) -> None:
         ch.request(Op.RELEASE, payload=(payload,), count=len(handles), flags=FLAG_NO_REPLY)
 
 
-def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult | None:
-    """LEASE, copy, RELEASE. None when absent; InvalidRequest for a too-small ``out``."""
+def read_value(ch: Channel, key: bytes, out: Any, *, verify: bool) -> ReadResult | Status | None:
+    """LEASE, copy, RELEASE. None when absent, NO_SPACE when the server could not bring it up
+    from disk now; InvalidRequest for a too-small ``out``."""
     assert ch.mapping is not None
     reply = ch.reply(ch.request(Op.LEASE, key=key))
+    if reply.status == Status.NO_SPACE:
+        return Status.NO_SPACE
     raise_for_status(reply, "LEASE")
     if reply.status == Status.NOT_FOUND:
         return None
@@ -161,19 +164,22 @@ def _notify_written(ch: Channel, handle: int, offset: int, length: int) -> None:
                flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
 
 
-def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | None]:
-    """One BATCH_LEASE; None for each absent key."""
+def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | Status | None]:
+    """One BATCH_LEASE; None for each absent key, NO_SPACE for each the server could not bring
+    up from disk now."""
     reply = ch.reply(ch.request(Op.BATCH_LEASE, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "BATCH_LEASE")
     raw = ch.payload(reply, limit=len(keys) * LEASE_ENTRY.size)
     if len(raw) != len(keys) * LEASE_ENTRY.size:
         raise ProtocolError(f"BATCH_LEASE answered {len(raw)} bytes for {len(keys)} keys")
-    extents: list[Extent | None] = []
+    extents: list[Extent | Status | None] = []
     for i in range(len(keys)):
         status, handle, offset, length, csum = LEASE_ENTRY.unpack_from(raw, i * LEASE_ENTRY.size)
         if status == Status.OK:
             ch.check_value_length(length)
-        extents.append(Extent(handle, offset, length, csum) if status == Status.OK else None)
+            extents.append(Extent(handle, offset, length, csum))
+        else:
+            extents.append(Status.NO_SPACE if status == Status.NO_SPACE else None)
     return extents
 
 

@@ -35,7 +35,7 @@ from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, FLAG_NO_REPLY, GE
                           decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.request_rules import Refused, check_request
-from gcache.server.tier import HotTier
+from gcache.server.tier import Entry, HotTier
 from gcache.transport.stream import StreamConnection
 
 log = logging.getLogger(__name__)
@@ -204,10 +204,20 @@ class ConnectionHandler:
             return
         self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.handle))
 
+    def _lease_or_status(self, key: bytes, *,
+                         expires: bool) -> tuple[int, Entry, memoryview] | Status:
+        """A lease of ``key``, or the status a reader gets instead: NOT_FOUND when it is in no
+        tier, NO_SPACE when it is on disk and memory has no room to promote it now."""
+        try:
+            leased = self.tier.lease(key, expires=expires)
+        except NoSpace:
+            return Status.NO_SPACE
+        return Status.NOT_FOUND if leased is None else leased
+
     def _get(self, h: Header, key: bytes) -> None:
-        leased = self.tier.lease(key, expires=False)
-        if leased is None:
-            self._reply(h, Status.NOT_FOUND)
+        leased = self._lease_or_status(key, expires=False)
+        if isinstance(leased, Status):
+            self._reply(h, leased)
             return
         handle, entry, view = leased
         try:
@@ -271,9 +281,9 @@ class ConnectionHandler:
         self._reply(h, status)
 
     def _lease(self, h: Header, key: bytes) -> None:
-        leased = self.tier.lease(key)
-        if leased is None:
-            self._reply(h, Status.NOT_FOUND)
+        leased = self._lease_or_status(key, expires=True)
+        if isinstance(leased, Status):
+            self._reply(h, leased)
             return
         handle, entry, view = leased
         view.release()
@@ -327,18 +337,18 @@ class ConnectionHandler:
         self._reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
 
     def _batch_get(self, h: Header, key: bytes) -> None:
-        leases = [self.tier.lease(k, expires=False) for k in self._read_keys(h)]
-        table = b"".join(GET_ENTRY.pack(Status.NOT_FOUND, 0, 0) if lease is None else
+        leases = [self._lease_or_status(k, expires=False) for k in self._read_keys(h)]
+        table = b"".join(GET_ENTRY.pack(lease, 0, 0) if isinstance(lease, Status) else
                          GET_ENTRY.pack(Status.OK, lease[1].length, lease[1].checksum)
                          for lease in leases)
-        views = tuple(lease[2] for lease in leases if lease is not None)
+        held = [lease for lease in leases if not isinstance(lease, Status)]
         try:
-            self._reply(h, Status.OK, payload=(table, *views), count=len(leases))
+            self._reply(h, Status.OK, payload=(table, *(lease[2] for lease in held)),
+                        count=len(leases))
         finally:
-            for lease in leases:
-                if lease is not None:
-                    lease[2].release()
-                    self.tier.release(lease[0])
+            for handle, _, view in held:
+                view.release()
+                self.tier.release(handle)
 
     def _batch_put(self, h: Header, key: bytes) -> None:
         table_len = h.count * PUT_ENTRY.size
@@ -384,9 +394,9 @@ class ConnectionHandler:
     def _batch_lease(self, h: Header, key: bytes) -> None:
         table = bytearray()
         for k in self._read_keys(h):
-            leased = self.tier.lease(k)
-            if leased is None:
-                table += LEASE_ENTRY.pack(Status.NOT_FOUND, 0, 0, 0, 0)
+            leased = self._lease_or_status(k, expires=True)
+            if isinstance(leased, Status):
+                table += LEASE_ENTRY.pack(leased, 0, 0, 0, 0)
                 continue
             handle, entry, view = leased
             view.release()

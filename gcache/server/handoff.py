@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from gcache.config import ServerConfig
-from gcache.errors import GCacheError, Unavailable
+from gcache.errors import GCacheError, NoSpace, Unavailable
 from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
 from gcache.proto import master_pb2 as pb
 from gcache.ring import Ring
@@ -82,11 +82,12 @@ class Handoff(threading.Thread):
         return ring, {s.id: s.address for s in reply.servers}
 
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
-        leased = self.tier.lease(key, expires=False)
+        try:
+            leased = self.tier.lease(key, expires=False)
+        except NoSpace:
+            return False      # on disk, no room to promote it now: the server must not leave
         if leased is None:
-            # Gone since the snapshot: nothing to move. Still there (on disk, with no room to
-            # promote it right now): a failure, so the server does not leave without it.
-            return not self.tier.exists(key)
+            return True       # gone since the snapshot: nothing to move
         handle, entry, view = leased
         try:
             conn = self._conn(address)

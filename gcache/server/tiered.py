@@ -25,14 +25,14 @@ import threading
 from collections import Counter
 from typing import Any
 
-from gcache.errors import ChecksumMismatch, NoSpace
+from gcache.errors import ChecksumMismatch
 from gcache.keys import checksum
 from gcache.server.cold_index import ColdEntry
 from gcache.server.tier import Entry, HotTier
 
 log = logging.getLogger(__name__)
 
-PROMOTE_WAIT_S = 0.2     # a read waits at most this long for room to promote into; then a miss
+PROMOTE_WAIT_S = 0.2     # a read waits at most this long for room to promote into; then NoSpace
 
 
 class TieredStore:
@@ -60,6 +60,10 @@ class TieredStore:
         return getattr(self.hot, name)
 
     def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
+        """The hot tier's lease, promoting from disk on a memory miss. None: in neither tier.
+        Raises NoSpace when the value is on disk but memory has no room for it right now (its
+        own reader's other leases may be what pins it): the reader is told to ask again, not
+        that the key is absent."""
         got = self.hot.lease(key, expires=expires)
         if got is not None or not self._promote(key):
             return got
@@ -148,11 +152,8 @@ class TieredStore:
         if entry is None:
             self.cold_misses += 1
             return False
-        try:
-            handle, _, target = self.hot.alloc(key, entry.length, expires=False,
-                                               wait_s=PROMOTE_WAIT_S, group=entry.group)
-        except NoSpace:
-            return False
+        handle, _, target = self.hot.alloc(key, entry.length, expires=False,
+                                           wait_s=PROMOTE_WAIT_S, group=entry.group)
         target.release()
         try:
             if not self._read_hashing(entry, handle):

@@ -54,6 +54,23 @@ def test_a_working_set_three_times_the_arena_stays_readable(cluster_factory, tmp
     assert cluster.terminate(0) == 0                 # the demoter stops with the server
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_one_batch_of_three_arenas_from_disk_reads_every_value(cluster_factory, tmp_path,
+                                                               transport):
+    """A batch pins what it has leased, so its later keys find no room to come up from disk:
+    the server says NO_SPACE (not absent) and the SDK asks for those once more on their own."""
+    cluster = tiered(cluster_factory, tmp_path / "disk")
+    n = 3 * (8 << 20) // VALUE
+    keys = [f"k{i}" for i in range(n)]
+    with Client(cluster.addresses, timeout_s=3.0, transport=transport) as client:
+        for i, key in enumerate(keys):
+            assert client.put(key, value(i)), i
+        got = client.batch_get(keys)
+        misses = client.stats()["misses_by_reason"]
+    assert [i for i in range(n) if got[i] != value(i)] == []
+    assert misses.get("absent", 0) == 0 and misses.get("no_space", 0) == 0, misses
+
+
 def test_recently_read_values_get_a_second_chance_in_memory(cluster_factory, tmp_path):
     os.makedirs(tmp_path / "disk")
     cluster = cluster_factory(1, memory="16MiB", server_args=(

@@ -25,7 +25,7 @@ from typing import Any
 
 from gcache.kv import KVStore, client_from_settings, gcache_settings
 from gcache_vllm._compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
-from gcache_vllm._compat import get_logger, tensor_parallel_rank
+from gcache_vllm._compat import get_logger, layer_index, tensor_parallel_rank
 from gcache_vllm.metadata import GCacheConnectorMetadata
 from gcache_vllm.model_layout import check_block_sizes, group_of_layers, model_layout
 from gcache_vllm.scheduler_side import SchedulerSide
@@ -52,7 +52,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(self.store, self.layout.page_size)
         else:
-            self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config))
+            self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config),
+                                     layer_index=layer_index)
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute") != "recompute":
             log.warning("kv_load_failure_policy is %r: a GCache server lost between a match and "
                         "its load fails the request; set it to \"recompute\" to recompute "

@@ -1,11 +1,14 @@
 """The connector in each vLLM worker: KV moves between vLLM's paged layers and ``gcache.kv``.
 
-vLLM keeps a layer as ``[blocks, kv heads, block tokens, K‖V]``; ``gcache.kv`` moves token-major
-bytes. A load fetches into a staging buffer per layer (``KVStore.load``, layer by layer on its
-loader thread) and ``wait_for_layer_load`` scatters that layer into the request's blocks once it
-has arrived, so layer 0 computes while later layers are in flight. A save gathers the layer's
-tokens from its blocks right after its attention (``save_kv_layer``) and hands them to a saver
-thread that puts them; the forward pass goes on, and ``wait_for_save`` waits for the step's puts.
+``gcache.kv`` moves token-major bytes; ``paged.PagedLayer`` reads vLLM's layouts (CPU and GPU
+backends) as such rows, and ``staging.Transfers`` moves them between the device and host
+memory. A load fetches into one host buffer per layer (``KVStore.load``, layer by layer on its
+loader thread) and ``wait_for_layer_load`` waits for that layer's bytes, copies them to the
+device on the load stream and scatters them into the request's blocks, so layer 0 computes
+while later layers are in flight. A save gathers the layer's blocks on the device right after
+its attention (``save_kv_layer``), starts their copy to pinned host memory on the save stream
+and hands them to a saver thread that puts them once the copy is done; the forward pass goes
+on, and ``wait_for_save`` waits for the step's puts.
 
 A load belongs to the step whose metadata carries it, and to no other: vLLM starts a step's
 loads before the forward pass only when the step has synchronous loads, and otherwise calls
@@ -21,80 +24,61 @@ tail (``gcache.kv``'s rule), so the tail always covers the blocks vLLM keeps.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+from gcache_vllm.paged import NULL_BLOCK, PagedLayer
+from gcache_vllm.staging import Transfers
 
-from gcache_vllm._compat import get_logger, layer_index
-from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
+if TYPE_CHECKING:                        # metadata subclasses vLLM's; this module runs without
+    from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 
-log = get_logger(__name__)
-
-NULL_BLOCK = 0
-
-
-class PagedLayer:
-    """One layer's paged KV and the block table of its group, as token-major rows."""
-
-    def __init__(self, tensor: Any, page: int) -> None:
-        self.tensor, self.page = tensor, page
-
-    def rows(self, block_ids: list[int], start: int, stop: int):
-        """(blocks, offsets, keep) of tokens ``[start, stop)``; ``keep`` drops null blocks."""
-        tokens = torch.arange(start, stop)
-        table = torch.tensor(block_ids, dtype=torch.long)
-        blocks = table[tokens // self.page]
-        return blocks, tokens % self.page, blocks != NULL_BLOCK
-
-    def gather_held(self, block_ids: list[int], stop: int):
-        """``(first, rows)``: the tokens ``[first, stop)`` that the layer still holds (every
-        block from ``first`` on is a real block), as one contiguous ``[tokens, heads, K‖V]``
-        tensor; ``first == stop`` when none are held."""
-        blocks, offsets, keep = self.rows(block_ids, 0, stop)
-        missing = (~keep).nonzero()
-        first = int(missing[-1]) + 1 if len(missing) else 0
-        return first, self.tensor[blocks[first:], :, offsets[first:], :].contiguous()
-
-    def scatter(self, block_ids: list[int], start: int, stop: int, staged, skip: int) -> None:
-        """Write staged tokens ``[start, stop)`` into their blocks, except null blocks and the
-        tokens before ``skip`` (vLLM's own prefix cache holds them)."""
-        blocks, offsets, keep = self.rows(block_ids, start, stop)
-        keep &= torch.arange(start, stop) >= skip
-        heads, width = self.tensor.shape[1], self.tensor.shape[3]
-        rows = staged.view(self.tensor.dtype).view(stop - start, heads, width)
-        self.tensor[blocks[keep], :, offsets[keep], :] = rows[keep]
+# Under vLLM's own logger (``_compat.get_logger``), without importing vLLM here: this module
+# runs on GPU hosts' check machines that have torch but no vLLM.
+log = logging.getLogger(f"vllm.{__name__}")
 
 
 class StagingSink:
-    """``gcache.kv.KVSink`` for one load: a token-major staging buffer per span the load asks
-    for (every page of a full layer, the window tail of a sliding one)."""
+    """``gcache.kv.KVSink`` for one load: one host buffer per layer for the span the load
+    asks of it (every page of a full layer, the window tail of a sliding one)."""
 
-    def __init__(self, layout: Any) -> None:
-        self.layout = layout
-        self.spans: dict[int, dict[int, tuple[int, Any]]] = {}   # layer -> start -> (stop, buf)
+    def __init__(self, transfers: Transfers, bytes_per_token: Callable[[int], int],
+                 span_of: Callable[[int], tuple[int, int]]) -> None:
+        self.transfers, self.bytes_per_token, self.span_of = transfers, bytes_per_token, span_of
+        self.spans: dict[int, tuple[int, int, Any]] = {}   # layer -> (start, stop, host bytes)
+        self.copied: dict[int, Any] = {}                   # layer -> event of its copy to device
 
     def write_target(self, layer: int, start: int, stop: int):
-        buf = torch.empty((stop - start) * self.layout.layer_bytes_per_token(layer),
-                          dtype=torch.uint8)
-        self.spans.setdefault(layer, {})[start] = (stop, buf)
-        return buf
+        if layer not in self.spans:
+            first, last = self.span_of(layer)
+            self.spans[layer] = (first, last, self.transfers.host_buffer(
+                (last - first) * self.bytes_per_token(layer)))
+        first, last, host = self.spans[layer]
+        if not first <= start <= stop <= last:
+            raise ValueError(f"layer {layer}: tokens [{start}, {stop}) are outside the staged "
+                             f"span [{first}, {last})")
+        bpt = self.bytes_per_token(layer)
+        return host[(start - first) * bpt:(stop - first) * bpt]
 
-    def staged(self, layer: int):
-        """(start, stop, bytes) of everything staged for ``layer``: its spans are contiguous."""
-        parts = self.spans[layer]
-        starts = sorted(parts)
-        return starts[0], parts[starts[-1]][0], torch.cat([parts[s][1] for s in starts])
+    def release(self) -> None:
+        """Give the host buffers back, each once its copy to the device is done."""
+        for layer, (_, _, host) in self.spans.items():
+            if layer in self.copied:
+                self.transfers.release(host, self.copied[layer])
+            else:
+                self.transfers.release(host)
+        self.spans, self.copied = {}, {}
 
 
 class _GatheredSource:
-    """``gcache.kv.KVSource`` over one layer's gathered tokens ``[first, n)``; earlier tokens
-    (out of a sliding window) are not held, which ``KVStore.save`` takes as "skip that tail"."""
+    """``gcache.kv.KVSource`` over one layer's gathered tokens ``[first, n)`` in host bytes;
+    earlier tokens (out of a sliding window) are not held, which ``KVStore.save`` takes as
+    "skip that tail"."""
 
-    def __init__(self, layout: Any, rows: Any, first: int) -> None:
-        self.layout, self.first = layout, first
-        self.flat = rows.reshape(-1).view(torch.uint8)
+    def __init__(self, layout: Any, host: Any, first: int) -> None:
+        self.layout, self.first, self.flat = layout, first, host
 
     def read(self, layer: int, start: int, stop: int):
         if start < self.first:
@@ -104,9 +88,15 @@ class _GatheredSource:
 
 
 class WorkerSide:
-    def __init__(self, store: Any, layout: Any, group_of: dict[str, int]) -> None:
+    """``layer_index`` maps vLLM's layer names to model layers (``_compat.layer_index`` in the
+    connector; the GPU checks, which run without vLLM, pass their own)."""
+
+    def __init__(self, store: Any, layout: Any, group_of: dict[str, int], *,
+                 layer_index: Callable[[str], int]) -> None:
         self.store, self.layout, self.group_of = store, layout, group_of
+        self.layer_index = layer_index
         self.layers: dict[str, tuple[int, PagedLayer]] = {}
+        self.transfers: Transfers | None = None
         self._loads: list[tuple[LoadSpec, Any, StagingSink]] = []
         self._loads_of: GCacheConnectorMetadata | None = None    # the metadata they came from
         self._load_errors: set[int] = set()
@@ -122,28 +112,34 @@ class WorkerSide:
 
     def register(self, kv_caches: dict[str, Any]) -> None:
         for name, tensor in kv_caches.items():
-            index = layer_index(name)
-            if tensor.dim() != 4:
-                raise ValueError(f"layer {name}: KV tensor of shape {tuple(tensor.shape)}; "
-                                 "gcache_vllm needs vLLM's [blocks, heads, tokens, K‖V] layout")
-            per_token = tensor.shape[1] * tensor.shape[3] * tensor.element_size()
+            index = self.layer_index(name)
+            paged = PagedLayer(tensor, self.layout.page_size, name=f"layer {name}")
             expected = self.layout.layer_bytes_per_token(index)
-            if per_token != expected:
-                raise ValueError(f"layer {name}: vLLM holds {per_token} KV bytes per token, the "
-                                 f"model config gives {expected} (heads, head sizes or dtype "
-                                 "disagree)")
-            self.layers[name] = (index, PagedLayer(tensor, self.layout.page_size))
+            if paged.bytes_per_token != expected:
+                raise ValueError(f"layer {name}: vLLM holds {paged.bytes_per_token} KV bytes per "
+                                 f"token, the model config gives {expected} (heads, head sizes "
+                                 "or dtype disagree)")
+            if self.transfers is None:
+                self.transfers = Transfers(tensor.device)
+            elif tensor.device != self.transfers.device:
+                raise ValueError(f"layer {name} is on {tensor.device}, other layers on "
+                                 f"{self.transfers.device}; one worker drives one device")
+            self.layers[name] = (index, paged)
 
     # ---- load -------------------------------------------------------------------------------
 
     def start_load(self, meta: GCacheConnectorMetadata | None) -> None:
-        self._loads, self._loads_of = [], meta
+        self._release_loads()
+        self._loads_of = meta
         for spec in (meta.loads if meta else ()):
-            sink = StagingSink(self.layout)
+            sink = StagingSink(self.transfers, self.layout.layer_bytes_per_token,
+                               lambda layer, hit=len(spec.token_ids):
+                               self.store.load_span(layer, hit))
             try:
                 handle = self.store.load(spec.token_ids, len(spec.token_ids), sink)
             except Exception:                              # noqa: BLE001 - a failed load
                 log.exception("gcache load of %s could not start", spec.req_id)
+                sink.release()
                 self._fail(spec)
                 continue
             self._loads.append((spec, handle, sink))
@@ -161,14 +157,23 @@ class WorkerSide:
                 self.counters["failed_layers"] += 1
                 self._fail(spec)
                 continue
-            start, stop, staged = sink.staged(index)
+            start, stop, host = sink.spans[index]
+            staged, sink.copied[index] = self.transfers.to_device(host)
             paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
                           spec.skip_tokens)
             self.counters["loaded_layers"] += 1
 
     def end_step(self) -> None:
         """vLLM cleared the step's metadata: its loads are over, applied or not."""
-        self._loads, self._loads_of = [], None
+        self._release_loads()
+        self._loads_of = None
+
+    def _release_loads(self) -> None:
+        for _, handle, sink in self._loads:
+            if self.transfers.cuda:
+                handle.wait()      # the loader writes into pooled buffers until then
+            sink.release()
+        self._loads = []
 
     def _fail(self, spec: LoadSpec) -> None:
         """Report every block of the load: vLLM recomputes them (kv_load_failure_policy)."""
@@ -183,16 +188,20 @@ class WorkerSide:
     # ---- save -------------------------------------------------------------------------------
 
     def save_layer(self, layer_name: str, meta: GCacheConnectorMetadata | None) -> None:
+        """Gather the layer's saved tokens on its device and start their copy to the host;
+        the saver thread puts them once the copy is done. Never waits for the GPU."""
         if layer_name not in self.layers or not meta or not meta.saves:
             return
         index, paged = self.layers[layer_name]
         for spec in meta.saves:
             ids = spec.block_ids[self.group_of[layer_name]]
-            first, rows = paged.gather_held(ids, len(spec.token_ids))
+            stop = len(spec.token_ids)
+            first = paged.held_from(ids, stop)
             if first and not self.layout.is_swa(index):    # a full layer must hold every page
                 self.counters["skipped_saves"] += 1
                 continue
-            self._saves.put((spec, index, rows, first))
+            host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
+            self._saves.put((spec, index, host, copied, first))
 
     def wait_saves(self) -> None:
         self._saves.join()
@@ -200,20 +209,22 @@ class WorkerSide:
 
     def _save_loop(self) -> None:
         while True:
-            spec, index, rows, first = self._saves.get()
+            spec, index, host, copied, first = self._saves.get()
             try:
-                self._save(spec, index, rows, first)
+                copied.synchronize()
+                self._save(spec, index, host, first)
             except Exception:                              # noqa: BLE001 - never kill the thread
                 self.counters["save_errors"] += 1
                 log.exception("gcache save of %s layer %d failed", spec.req_id, index)
             finally:
+                self.transfers.release(host)
                 self._saves.task_done()
 
-    def _save(self, spec: SaveSpec, index: int, rows: Any, first: int) -> None:
+    def _save(self, spec: SaveSpec, index: int, host: Any, first: int) -> None:
         probe = self._probes.get(spec.req_id)
         if probe is None:
             probe = self._probes[spec.req_id] = self.store.probe(spec.token_ids)
-        source = _GatheredSource(self.layout, rows, first)
+        source = _GatheredSource(self.layout, host, first)
         result = self.store.save(spec.token_ids, source, probe=probe, layers=[index])
         self.counters["saved_layers"] += 1
         if result.objects_failed:

@@ -1,0 +1,127 @@
+"""Host staging for KV on its way between a GPU's paged layers and GCache; imports torch only.
+
+GCache's SDK moves host bytes, so on a GPU host a save copies the gathered layer to host memory
+and a load copies the fetched bytes to the device. Both copies are DMAs from and to pinned
+buffers, on streams of the connector's own, so the forward pass never waits for one:
+- a save records an event on the forward stream after the layer's gather, and the save stream
+  waits for it before the device-to-host copy; the saver thread waits for the copy's event
+  before it puts the host bytes;
+- a load's host-to-device copy runs on the load stream, and the forward stream waits for its
+  event (on the GPU, not the host) before the scatter that uses the bytes.
+Pinned buffers come from a ``PinnedPool``: one per size class (powers of two), reused once the
+copy that used them has finished, so a steady workload allocates nothing after warm-up. On a
+CPU-only engine the same calls are plain tensor operations and nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+MIN_CLASS_BYTES = 64 << 10
+
+
+class _Done:
+    """The event of a copy that is already complete (the CPU path)."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+DONE = _Done()
+
+
+class PinnedPool:
+    """Reusable host buffers by size class; pinned when ``pin`` (a CUDA host)."""
+
+    def __init__(self, *, pin: bool) -> None:
+        self.pin = pin
+        self._free: dict[int, list[Any]] = {}
+        self._pending: list[tuple[Any, Any]] = []          # (buffer, event of its last copy)
+        self._lock = threading.Lock()
+        self.allocated_bytes = 0
+        self.allocations = 0
+
+    def take(self, n_bytes: int) -> Any:
+        """A uint8 view of ``n_bytes`` over a buffer of this pool."""
+        size = max(MIN_CLASS_BYTES, 1 << max(0, n_bytes - 1).bit_length())
+        with self._lock:
+            self._reclaim()
+            free = self._free.get(size)
+            buffer = free.pop() if free else None
+            if buffer is None:
+                self.allocated_bytes += size
+                self.allocations += 1
+        if buffer is None:
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+        return buffer[:n_bytes]
+
+    def give(self, view: Any, *, after: Any = DONE) -> None:
+        """Return a view from ``take``; it is reused once ``after`` (an event) has completed."""
+        base = view._base if view._base is not None else view
+        with self._lock:
+            self._pending.append((base, after))
+
+    def _reclaim(self) -> None:
+        still = []
+        for buffer, event in self._pending:
+            if event.query():
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+            else:
+                still.append((buffer, event))
+        self._pending = still
+
+
+class Transfers:
+    """The copies between one device's KV and host staging (see the module docstring)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pool = PinnedPool(pin=self.cuda)
+        self._save_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._load_stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def to_host(self, rows: Any) -> tuple[Any, Any]:
+        """Host bytes of ``rows`` (a contiguous tensor on the device) and the event after which
+        they are complete. On the CPU: the rows' own bytes, complete at once."""
+        flat = rows.reshape(-1).view(torch.uint8)
+        if not self.cuda:
+            return flat, DONE
+        gathered = torch.cuda.current_stream(self.device).record_event()
+        host = self.pool.take(flat.numel())
+        with torch.cuda.stream(self._save_stream):
+            self._save_stream.wait_event(gathered)
+            host.copy_(flat, non_blocking=True)
+            flat.record_stream(self._save_stream)         # not reused before the copy ends
+            copied = self._save_stream.record_event()
+        return host, copied
+
+    def host_buffer(self, n_bytes: int) -> Any:
+        """A host buffer a load fetches into (pinned from the pool on a CUDA host)."""
+        if not self.cuda:
+            return torch.empty(n_bytes, dtype=torch.uint8)
+        return self.pool.take(n_bytes)
+
+    def to_device(self, host: Any) -> tuple[Any, Any]:
+        """``host`` bytes on the device, ready for work queued next on the current stream, and
+        the event after which ``host`` may be reused."""
+        if not self.cuda:
+            return host, DONE
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._load_stream):
+            staged = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+            staged.copy_(host, non_blocking=True)
+            copied = self._load_stream.record_event()
+        current.wait_event(copied)
+        staged.record_stream(current)                      # used by the scatter on `current`
+        return staged, copied
+
+    def release(self, host: Any, after: Any = DONE) -> None:
+        if self.cuda:
+            self.pool.give(host, after=after)
