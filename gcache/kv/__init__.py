@@ -2,7 +2,8 @@
 
 Model layouts read from ``config.json``, chained page keys, the window-safe rule, SWA store
 policies, ``KVStore`` (save, match, layer-by-layer load), ``EnginePages`` (pages under an
-engine's own keys, straight from its memory) and the connectors' shared settings. The
+engine's own keys, straight from its memory), the weights' fingerprint that keys carry and the
+connectors' shared settings. The
 connectors use only the names below.
 """
 
@@ -14,6 +15,7 @@ from gcache.kv.load import LoadHandle
 from gcache.kv.page_keys import page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
 from gcache.kv.store import KVStore, Probe, SaveResult
+from gcache.kv.weights import weights_fingerprint
 from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_span
 
 __all__ = [
@@ -21,4 +23,5 @@ __all__ = [
     "LayerGeometry", "LoadHandle", "ModelLayout", "Probe", "SHIPPED_CONFIGS", "SaveResult",
     "StorePolicy", "client_from_settings", "gcache_settings", "leading", "page_hashes",
     "page_regions", "policy_from_name", "restorable_prefixes", "safe_boundary", "tail_span",
+    "weights_fingerprint",
 ]

@@ -92,6 +92,12 @@ def test_a_saved_prompt_loads_into_other_blocks_bit_for_bit(cluster_factory, dev
     blocks = [3, 4, 5, 6, 7, 8]
     with Client(cluster.addresses, timeout_s=5.0) as client:
         saver = worker(client, caches)
+        if device == "cuda":
+            # The forward pass's writes still queued when the save starts: the copy to the
+            # host must wait for them on the GPU (a missing wait would copy stale rows).
+            torch.cuda._sleep(200_000_000)
+            for tensor in caches.values():
+                tensor.add_(1)
         save(saver, blocks)
         load_and_compare(client, caches, blocks, layout, device)
         if device == "cuda":
@@ -109,3 +115,20 @@ def test_kv_saved_by_a_cpu_engine_loads_into_a_gpu_engine(cluster_factory):
     with Client(cluster.addresses, timeout_s=5.0) as client:
         save(worker(client, caches), blocks)
         load_and_compare(client, caches, blocks, "flash_attn", "cuda")
+
+
+def test_a_bound_load_whose_layers_never_ran_is_reported_for_recompute(cluster_factory):
+    """vLLM asks for load errors after the forward pass: a load none of whose layer hooks ran
+    left blocks vLLM takes as computed; they are reported, once."""
+    cluster = cluster_factory(1, memory="64MiB")
+    caches = kv_caches("cpu", "cpu", seed=3)
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        save(worker(client, caches), [1, 2, 3, 4, 5, 6])
+        loader = worker(client, kv_caches("cpu", "cpu", seed=None))
+        spec = SimpleNamespace(req_id="loader", token_ids=PROMPT, skip_tokens=0,
+                               block_ids=([7, 8, 9, 10, 11, 12], [7, 8, 9, 10, 11, 12]))
+        meta = SimpleNamespace(loads=[spec], saves=[])
+        loader.start_load(meta)
+        assert loader.take_load_errors() == {7, 8, 9, 10, 11, 12}
+        assert loader.take_load_errors() == set()
+        loader.end_step()

@@ -8,8 +8,9 @@ read by ``gcache.kv.gcache_settings``; ``gcache_policy`` picks the SWA store pol
 It translates vLLM's calls into ``gcache.kv`` calls and nothing more (ARCHITECTURE §2): the
 scheduler half asks ``KVStore.match`` for the window-safe hit and tells the workers what to load
 and save (``scheduler_side``); the worker half moves each layer between vLLM's paged KV and
-``KVStore`` (``worker_side``). Keys carry the model, the layout (from the model config and the
-KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: with the hybrid allocator
+``KVStore`` (``worker_side``), on the CPU or the GPU vLLM keeps its KV on. Keys carry the
+model, the operator's namespace, the weights' fingerprint, the layout (from the model config
+and the KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: with the hybrid allocator
 on, sliding-window groups hand over null block 0 outside the window, which is skipped; which
 group is the sliding one is read from the KV cache config, never assumed.
 
@@ -27,7 +28,8 @@ from gcache.kv import KVStore, client_from_settings, gcache_settings
 from gcache_vllm._compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
 from gcache_vllm._compat import get_logger, layer_index, tensor_parallel_rank
 from gcache_vllm.metadata import GCacheConnectorMetadata
-from gcache_vllm.model_layout import check_block_sizes, group_of_layers, model_layout
+from gcache_vllm.model_layout import (check_block_sizes, group_of_layers, keyed_model_name,
+                                      model_layout)
 from gcache_vllm.scheduler_side import SchedulerSide
 from gcache_vllm.worker_side import WorkerSide
 
@@ -43,7 +45,9 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         settings = gcache_settings(extra)
         self.client = client_from_settings(settings)
         rank = 0 if role == KVConnectorRole.SCHEDULER else tensor_parallel_rank()
-        self.layout = model_layout(vllm_config, rank, kv_cache_config)
+        self.layout = model_layout(vllm_config, rank, kv_cache_config,
+                                   model=keyed_model_name(vllm_config,
+                                                          str(settings.get("namespace", ""))))
         if kv_cache_config is not None:
             check_block_sizes(kv_cache_config, self.layout.page_size)
         self.store = KVStore(self.client, self.layout,

@@ -1,17 +1,22 @@
 """The ``gcache.kv`` layout of the model a vLLM engine serves, and its KV groups.
 
-vLLM hands each layer's paged KV as ``[blocks, kv heads, block tokens, K‖V]``; one token of one
-layer is ``kv heads × (head_size + head_size_v)`` elements of the KV cache dtype, which is the
-layout's bytes per token when the layout is read with that dtype. The engine's byte order (K and
-V packed per head) is its own, so the layout's model name carries ``vllm/``: another engine's
-objects for the same model are never read as these.
+One token of one layer is ``kv heads × (head_size + head_size_v)`` elements of the KV cache
+dtype, whichever backend layout vLLM keeps it in (``paged``), which is the layout's bytes per
+token when the layout is read with that dtype. The byte order (K and V packed per head) is the
+connector's own, so the layout's model name carries ``vllm/``: another engine's
+objects for the same model are never read as these. The name also carries the operator's
+namespace and the weights' fingerprint (``keyed_model_name``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
-from gcache.kv import ModelLayout
+from gcache.kv import ModelLayout, weights_fingerprint
+
+log = logging.getLogger(f"vllm.{__name__}")
 
 
 def kv_dtype_name(vllm_config: Any) -> str:
@@ -21,7 +26,36 @@ def kv_dtype_name(vllm_config: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def model_layout(vllm_config: Any, tp_rank: int, kv_cache_config: Any = None) -> ModelLayout:
+def keyed_model_name(vllm_config: Any, namespace: str = "") -> str:
+    """The model as keys name it: vLLM's model name, the operator's ``gcache_namespace`` and
+    the fingerprint of the weights (``gcache.kv.weights_fingerprint``), so new weights under
+    the same name never load the old weights' KV."""
+    model = vllm_config.model_config.model
+    folder = _weights_dir(vllm_config)
+    fingerprint = weights_fingerprint(folder) if folder else None
+    if fingerprint is None:
+        log.warning("gcache: no safetensors weights found for %s; keys name the model only "
+                    "(set a new gcache_namespace when its weights change)", model)
+    return (f"vllm/{model}" + (f"|ns:{namespace}" if namespace else "")
+            + (f"|weights:{fingerprint}" if fingerprint else ""))
+
+
+def _weights_dir(vllm_config: Any) -> str | None:
+    """The local folder of the served weights: the model path, or the hub cache's snapshot of
+    a hub name (never downloaded here)."""
+    model_config = vllm_config.model_config
+    if os.path.isdir(model_config.model):
+        return model_config.model
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(model_config.model, revision=model_config.revision,
+                                 local_files_only=True)
+    except Exception:                                  # noqa: BLE001 - not in the cache
+        return None
+
+
+def model_layout(vllm_config: Any, tp_rank: int, kv_cache_config: Any = None, *,
+                 model: str | None = None) -> ModelLayout:
     """The layout with the KV cache dtype, and with the sliding layers and window that vLLM
     itself uses (its KV cache groups), when known: a model implementation may not follow the
     config's ``layer_types`` (vLLM's gpt-oss slides on even layers whatever the config says),
@@ -38,7 +72,7 @@ def model_layout(vllm_config: Any, tp_rank: int, kv_cache_config: Any = None) ->
     return ModelLayout.from_config(
         config, page_size=vllm_config.cache_config.block_size, tp_rank=tp_rank,
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
-        model=f"vllm/{vllm_config.model_config.model}")
+        model=model or f"vllm/{vllm_config.model_config.model}")
 
 
 def sliding_layers(kv_cache_config: Any) -> tuple[set[int], int | None]:

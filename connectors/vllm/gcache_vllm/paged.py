@@ -75,7 +75,10 @@ class PagedLayer:
             column += width
 
     def _on_device(self, array: np.ndarray) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+        # non_blocking: a blocking copy from pageable memory waits for the whole stream (the
+        # forward pass so far); a non-blocking one is staged by the driver before it returns.
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(
+            self.device, non_blocking=True)
 
 
 def _token_views(tensor: Any, page: int, name: str) -> list[Any]:

@@ -95,12 +95,19 @@ class Transfers:
             return flat, DONE
         gathered = torch.cuda.current_stream(self.device).record_event()
         host = self.pool.take(flat.numel())
+        copied = torch.cuda.Event(blocking=True)          # the saver sleeps on it, not spins
         with torch.cuda.stream(self._save_stream):
             self._save_stream.wait_event(gathered)
             host.copy_(flat, non_blocking=True)
             flat.record_stream(self._save_stream)         # not reused before the copy ends
-            copied = self._save_stream.record_event()
+            self._save_stream.record_event(copied)
         return host, copied
+
+    def bind_thread(self) -> None:
+        """Make this device current on the calling thread (the saver): a thread's first CUDA
+        call would otherwise make a context on GPU 0."""
+        if self.cuda:
+            torch.cuda.set_device(self.device)
 
     def host_buffer(self, n_bytes: int) -> Any:
         """A host buffer a load fetches into (pinned from the pool on a CUDA host)."""

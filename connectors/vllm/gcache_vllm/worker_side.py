@@ -49,6 +49,7 @@ class StagingSink:
         self.transfers, self.bytes_per_token, self.span_of = transfers, bytes_per_token, span_of
         self.spans: dict[int, tuple[int, int, Any]] = {}   # layer -> (start, stop, host bytes)
         self.copied: dict[int, Any] = {}                   # layer -> event of its copy to device
+        self.reported = False                              # take_load_errors has seen it
 
     def write_target(self, layer: int, start: int, stop: int):
         if layer not in self.spans:
@@ -182,6 +183,16 @@ class WorkerSide:
                                  if b != NULL_BLOCK)
 
     def take_load_errors(self) -> set[int]:
+        """The blocks to recompute. vLLM asks after the forward pass: a bound load with a layer
+        that was neither scattered nor failed by then (its hook never ran) left blocks vLLM
+        takes as computed, so they are reported too, once."""
+        for spec, handle, sink in self._loads:
+            if not sink.reported and set(sink.spans) - set(sink.copied) \
+                    - set(handle.failed_layers):
+                log.error("gcache load of %s: layers %s were never applied", spec.req_id,
+                          sorted(set(sink.spans) - set(sink.copied)))
+                self._fail(spec)
+            sink.reported = True
         errors, self._load_errors = self._load_errors, set()
         return errors
 
@@ -200,7 +211,12 @@ class WorkerSide:
             if first and not self.layout.is_swa(index):    # a full layer must hold every page
                 self.counters["skipped_saves"] += 1
                 continue
-            host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
+            try:
+                host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
+            except Exception:                              # noqa: BLE001 - never fail the step
+                self.counters["save_errors"] += 1
+                log.exception("gcache save of %s layer %d could not start", spec.req_id, index)
+                continue
             self._saves.put((spec, index, host, copied, first))
 
     def wait_saves(self) -> None:
@@ -208,9 +224,13 @@ class WorkerSide:
         self._probes.clear()
 
     def _save_loop(self) -> None:
+        bound = None
         while True:
             spec, index, host, copied, first = self._saves.get()
             try:
+                if bound is not self.transfers:
+                    self.transfers.bind_thread()
+                    bound = self.transfers
                 copied.synchronize()
                 self._save(spec, index, host, first)
             except Exception:                              # noqa: BLE001 - never kill the thread

@@ -148,19 +148,45 @@ def test_tensor_parallel_2(models, gcache, tmp_path):
     assert "tp rank 1/2" in log and "tp rank 0/2" in log       # each rank its own keys
 
 
-def test_the_comparison_sees_the_loaded_kv(tmp_path, gcache):
-    """The control for every comparison above: new weights under the same model path, so the
-    fresh engine loads the old weights' KV (keys name the model, not its weights). Its output
-    must then differ from HF on the new weights, or matching HF would prove nothing."""
+def test_new_weights_under_the_same_path_miss_and_the_comparison_would_see_stale_kv(tmp_path,
+                                                                                    gcache):
+    """New weights under the same model path: the keys carry the weights' fingerprint, so a
+    fresh engine misses and matches HF on the new weights. The control for every comparison
+    above: weights that differ only past the bytes the fingerprint samples keep the old keys,
+    the engine loads the old weights' KV, and its output then differs from HF, or matching HF
+    would prove nothing."""
     path = gemma3(tmp_path / "model", seed=0)
     ids = prompt_ids(path, repeats=2)
+    first = (tmp_path / "first").resolve()
+    first.mkdir()
+    for f in path.glob("*.safetensors"):
+        (first / f.name).write_bytes(f.read_bytes())
     run(path, gcache.addresses, [ids], log=tmp_path / "first.log")
     gemma3(path, seed=1)                                   # new weights, same path
-    stale = run(path, gcache.addresses, [ids], log=tmp_path / "second.log")["results"][0]
+    fresh = run(path, gcache.addresses, [ids], log=tmp_path / "fresh.log")["results"][0]
+    assert fresh["cached"] == 0
+    assert_same_output(fresh, hf_greedy_logprobs(path, ids, NEW_TOKENS))
+    keep_sampled_bytes(first, path)                        # fingerprint of seed 0, values not
+    stale = run(path, gcache.addresses, [ids], log=tmp_path / "stale.log")["results"][0]
     assert stale["cached"] == hit_of(ids)
     tokens, logprobs = hf_greedy_logprobs(path, ids, NEW_TOKENS)
     worst = max(abs(a - b) for a, b in zip(stale["logprobs"], logprobs))
     assert stale["output_ids"] != tokens or worst > 100 * LOGPROB_TOLERANCE
+
+
+def keep_sampled_bytes(old: pathlib.Path, new: pathlib.Path) -> None:
+    """Copy the bytes the fingerprint samples of every tensor of ``old``'s safetensors files
+    into the same tensors of ``new``'s (same architecture: same headers)."""
+    from gcache.kv.weights import sampled_spans
+    for old_file in old.glob("*.safetensors"):
+        raw, patched = old_file.read_bytes(), bytearray((new / old_file.name).read_bytes())
+        base = 8 + int.from_bytes(raw[:8], "little")
+        assert patched[:base] == raw[:base], "architectures differ"
+        for key, tensor in json.loads(raw[8:base]).items():
+            if key != "__metadata__":
+                for offset, n in sampled_spans(*tensor["data_offsets"]):
+                    patched[base + offset:base + offset + n] = raw[base + offset:base + offset + n]
+        (new / old_file.name).write_bytes(bytes(patched))
 
 
 def connector_groups(log: pathlib.Path) -> list[str]:
