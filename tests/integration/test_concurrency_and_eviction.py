@@ -76,6 +76,18 @@ def test_a_value_larger_than_the_arena_is_refused_cleanly(cluster_factory):
         assert client.put("fits", b"y" * 1000) and client.get("fits") == b"y" * 1000
 
 
+def test_a_shm_batch_of_many_write_windows_is_stored_whole(cluster_factory):
+    """A 0.4 s lease TTL gives a same-host writer 0.2 s from each ALLOC: the old batch put
+    allocated all 3000 values before copying any and stored none of them."""
+    cluster = cluster_factory(1, memory="64MiB",
+                              server_args=("--segment-size", "4MiB", "--lease-ttl", "0.4"))
+    keys = [f"w{i}" for i in range(3000)]
+    values = [i.to_bytes(4, "little") * 64 for i in range(3000)]
+    with Client(cluster.addresses, timeout_s=2.0, transport="shm") as client:
+        assert sum(client.batch_put(keys, values)) == len(keys), client.stats()
+        assert client.batch_get(keys) == values
+
+
 def test_a_large_shm_batch_of_small_values_does_not_deadlock(cluster_factory):
     """Thousands of ALLOCs and COMMITs on one Unix socket: pipelined without a bound, the
     server blocked sending replies nobody read while the client blocked sending (a timeout)."""
