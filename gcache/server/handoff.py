@@ -87,7 +87,9 @@ class Handoff(threading.Thread):
         except NoSpace:
             return False      # on disk, no room to promote it now: the server must not leave
         if leased is None:
-            return True       # gone since the snapshot: nothing to move
+            # Gone since the snapshot: nothing to move. Still on disk (its read failed): a
+            # failure, so the server does not leave without it.
+            return not self.tier.exists(key)
         handle, entry, view = leased
         try:
             conn = self._conn(address)
