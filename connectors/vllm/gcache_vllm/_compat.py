@@ -10,6 +10,7 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                   KVConnectorMetadata,
                                                                   KVConnectorRole, SupportsHMA)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 except ImportError as exc:                                   # pragma: no cover - wrong engine
     raise ImportError(f"gcache_vllm needs vllm 0.32 or 0.33 (KVConnectorBase_V1 with "
                       f"SupportsHMA): {exc}") from exc
@@ -34,5 +35,6 @@ def tensor_parallel_rank() -> int:
     return get_tensor_model_parallel_rank()
 
 
-__all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "SupportsHMA",
+__all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "KVConnectorStats",
+           "SupportsHMA",
            "get_logger", "layer_index", "tensor_parallel_rank"]

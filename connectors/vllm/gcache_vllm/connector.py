@@ -31,6 +31,7 @@ from gcache_vllm.metadata import GCacheConnectorMetadata
 from gcache_vllm.model_layout import (check_block_sizes, group_of_layers, keyed_model_name,
                                       model_layout)
 from gcache_vllm.scheduler_side import SchedulerSide
+from gcache_vllm.stats import GCacheStats, take_delta
 from gcache_vllm.worker_side import WorkerSide
 
 log = get_logger(__name__)
@@ -53,6 +54,7 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.store = KVStore(self.client, self.layout,
                              policy=settings.get("policy", DEFAULT_POLICY))
         self.scheduler = self.worker = None
+        self._reported_misses: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(self.store, self.layout.page_size)
         else:
@@ -119,6 +121,21 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _bound(self) -> GCacheConnectorMetadata | None:
         return self._get_connector_metadata() if self.has_connector_metadata() else None
+
+    # ---- stats (vLLM's "KV Transfer metrics") ----------------------------------------------
+
+    def get_kv_connector_stats(self) -> GCacheStats | None:
+        """This side's figures since its last report, with the SDK's misses by reason."""
+        side = self.worker if self.worker is not None else self.scheduler
+        data = side.take_stats()
+        misses = self.client.stats()["misses_by_reason"]
+        data.update({f"miss_{reason}": n
+                     for reason, n in take_delta(misses, self._reported_misses).items()})
+        return GCacheStats(data=data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> GCacheStats:
+        return GCacheStats(data=dict(data or {}))
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:

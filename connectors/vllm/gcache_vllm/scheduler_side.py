@@ -36,6 +36,8 @@ class SchedulerSide:
         self._hits: dict[str, int] = {}             # req id -> matched tokens
         self._loads: dict[str, tuple[int, int]] = {}   # req id -> (hit, tokens vLLM had)
         self._tracked: dict[str, _Tracked] = {}
+        self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "lookup_errors": 0}
+        self._reported: dict[str, int] = {}
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         req_id = request.request_id
@@ -47,6 +49,10 @@ class SchedulerSide:
             except Exception:                              # noqa: BLE001 - a miss, never a stall
                 log.exception("gcache match failed for %s; treating it as a miss", req_id)
                 self._hits[req_id] = 0
+                self.counters["lookup_errors"] += 1
+            self.counters["lookups"] += 1
+            self.counters["lookup_tokens"] += len(prompt)
+            self.counters["hit_tokens"] += self._hits[req_id]
         return max(0, self._hits[req_id] - num_computed_tokens), False
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
@@ -92,3 +98,7 @@ class SchedulerSide:
     def finished(self, request: Any) -> None:
         for table in (self._hits, self._loads, self._tracked):
             table.pop(request.request_id, None)
+
+    def take_stats(self) -> dict[str, int]:
+        from gcache_vllm.stats import take_delta
+        return take_delta(dict(self.counters), self._reported)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
@@ -107,7 +108,11 @@ class WorkerSide:
                                        daemon=True)
         self._saver.start()
         self.counters = {"loads": 0, "loaded_layers": 0, "failed_layers": 0,
-                         "saved_layers": 0, "save_errors": 0, "skipped_saves": 0}
+                         "saved_layers": 0, "save_errors": 0, "skipped_saves": 0,
+                         "bytes_loaded": 0, "bytes_saved": 0}
+        self._reported: dict[str, int] = {}                     # counters at the last report
+        self._samples: dict[str, list[float]] = {"load_wait_s": [], "save_s": []}
+        self._samples_lock = threading.Lock()                   # the saver thread adds too
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -153,13 +158,16 @@ class WorkerSide:
         for spec, handle, sink in self._loads:
             if index not in sink.spans:
                 continue                                   # nothing of this layer to load
+            waited = time.perf_counter()
             handle.wait_layer(index)
+            self._sample("load_wait_s", time.perf_counter() - waited)
             if index in handle.failed_layers:
                 self.counters["failed_layers"] += 1
                 self._fail(spec)
                 continue
             start, stop, host = sink.spans[index]
             staged, sink.copied[index] = self.transfers.to_device(host)
+            self.counters["bytes_loaded"] += host.numel()
             paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
                           spec.skip_tokens)
             self.counters["loaded_layers"] += 1
@@ -245,7 +253,26 @@ class WorkerSide:
         if probe is None:
             probe = self._probes[spec.req_id] = self.store.probe(spec.token_ids)
         source = _GatheredSource(self.layout, host, first)
+        started = time.perf_counter()
         result = self.store.save(spec.token_ids, source, probe=probe, layers=[index])
+        self._sample("save_s", time.perf_counter() - started)
         self.counters["saved_layers"] += 1
+        self.counters["bytes_saved"] += result.bytes_written
         if result.objects_failed:
             self.counters["save_errors"] += 1
+
+    # ---- stats ------------------------------------------------------------------------------
+
+    def _sample(self, name: str, seconds: float) -> None:
+        with self._samples_lock:
+            self._samples[name].append(seconds)
+
+    def take_stats(self) -> dict[str, Any]:
+        """What changed since the last call: counter increments and latency samples."""
+        from gcache_vllm.stats import take_delta
+        data: dict[str, Any] = take_delta(dict(self.counters), self._reported)
+        with self._samples_lock:
+            for name, samples in self._samples.items():
+                if samples:
+                    data[name], self._samples[name] = samples, []
+        return data

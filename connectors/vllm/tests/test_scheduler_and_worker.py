@@ -172,3 +172,28 @@ def test_bad_settings_stop_the_engine_at_start_naming_the_key(tmp_path, cluster)
     config.kv_transfer_config.kv_connector_extra_config["gcache_polcy"] = "tail"
     with pytest.raises(ConfigError, match="gcache_polcy"):
         scheduler(config, kv_config)
+
+
+def test_stats_reach_vllms_own_kv_transfer_metrics_line(tmp_path, cluster):
+    """The scheduler's and the workers' figures, through vLLM's own collection: the connector
+    class vLLM resolves from the config builds the stats, aggregates them and logs them."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    prompt = list(range(8000, 8100))
+    _, meta = save_prompt(config, kv_config, prompt, seed=6, req_id="a")
+    sched = scheduler(config, kv_config)
+    loader, _ = worker(config, kv_config, seed=None)
+    sched.add_request(request("b", prompt))
+    run_step(sched, loader, forward=lambda name: None)
+    logging = KVConnectorLogging(config.kv_transfer_config)
+    for side in (sched.connector, loader):
+        stats = side.get_kv_connector_stats()
+        assert stats is not None and not stats.is_empty()
+        logging.observe(stats.to_dict())                 # as vLLM passes it across processes
+    lines = []
+    logging.log(log_fn=lambda fmt, text: lines.append(text))
+    figures = dict(item.split("=") for item in lines[0].split(", "))
+    assert figures["lookups"] == "1" and figures["hit_tokens"] == "96", figures
+    assert figures["loaded_layers"] == "4" and int(figures["bytes_loaded"]) > 0, figures
+    assert float(figures["load_wait_max_ms"]) >= 0 and "failed_layers" not in figures
+    assert loader.get_kv_connector_stats() is None         # nothing new since
