@@ -52,6 +52,9 @@ def map_states(masters: LocalMasters) -> dict[str, str]:
 
 def test_three_masters_elect_one_leader_that_every_member_names(masters):
     wait_until(lambda: leader_index(masters) is not None, timeout_s=10)
+    # A follower learns the leader from its first append entries, a heartbeat after the
+    # election (a busy machine made that visible: one member still naming none).
+    wait_until(lambda: all(status(a).leader_raft for a in masters.addresses), timeout_s=10)
     replies = [status(a) for a in masters.addresses]
     assert sum(r.is_leader for r in replies) == 1
     assert len({r.leader_raft for r in replies}) == 1
