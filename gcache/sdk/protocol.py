@@ -125,10 +125,12 @@ def raise_for_status_except_space(reply: Header, context: str) -> None:
 
 
 def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
-    """Send GET and read the reply header; the value (``payload_len`` bytes) follows."""
+    """Send GET and read the reply header; the value (``payload_len`` bytes) follows an OK.
+    NO_SPACE (on disk, no room in memory now) is an answer, not a failure."""
     request = ch.request(Op.GET, key=key)
     reply = ch.reply(request)
-    raise_for_status(reply, "GET")
+    if reply.status != Status.NO_SPACE:
+        raise_for_status(reply, "GET")
     return request, reply
 
 
@@ -137,11 +139,9 @@ def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
     """GET ``key`` into ``out`` (or a new buffer); None when absent, NO_SPACE when it is on the
     server's disk with no room in memory to bring it up now. Raises InvalidRequest for an
     ``out`` smaller than the value (the connection is then mid-reply: close it)."""
-    request = ch.request(Op.GET, key=key)
-    reply = ch.reply(request)
+    _, reply = get_length(ch, key)
     if reply.status == Status.NO_SPACE:
         return Status.NO_SPACE
-    raise_for_status(reply, "GET")
     if reply.status == Status.NOT_FOUND:
         return None
     ch.check_value_length(reply.payload_len)

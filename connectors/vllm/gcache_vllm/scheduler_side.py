@@ -18,6 +18,7 @@ from typing import Any
 
 from gcache_vllm._compat import get_logger
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
+from gcache_vllm.stats import take_delta
 
 log = get_logger(__name__)
 
@@ -100,5 +101,4 @@ class SchedulerSide:
             table.pop(request.request_id, None)
 
     def take_stats(self) -> dict[str, int]:
-        from gcache_vllm.stats import take_delta
         return take_delta(dict(self.counters), self._reported)

@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
-from gcache_vllm.staging import Transfers
+from gcache_vllm.staging import DONE, Transfers
 
 if TYPE_CHECKING:                        # metadata subclasses vLLM's; this module runs without
     from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -67,10 +67,7 @@ class StagingSink:
     def release(self) -> None:
         """Give the host buffers back, each once its copy to the device is done."""
         for layer, (_, _, host) in self.spans.items():
-            if layer in self.copied:
-                self.transfers.release(host, self.copied[layer])
-            else:
-                self.transfers.release(host)
+            self.transfers.release(host, self.copied.get(layer, DONE))
         self.spans, self.copied = {}, {}
 
 
@@ -195,10 +192,10 @@ class WorkerSide:
         that was neither scattered nor failed by then (its hook never ran) left blocks vLLM
         takes as computed, so they are reported too, once."""
         for spec, handle, sink in self._loads:
-            if not sink.reported and set(sink.spans) - set(sink.copied) \
-                    - set(handle.failed_layers):
+            unapplied = set(sink.spans) - set(sink.copied) - set(handle.failed_layers)
+            if unapplied and not sink.reported:
                 log.error("gcache load of %s: layers %s were never applied", spec.req_id,
-                          sorted(set(sink.spans) - set(sink.copied)))
+                          sorted(unapplied))
                 self._fail(spec)
             sink.reported = True
         errors, self._load_errors = self._load_errors, set()
@@ -269,7 +266,7 @@ class WorkerSide:
 
     def take_stats(self) -> dict[str, Any]:
         """What changed since the last call: counter increments and latency samples."""
-        from gcache_vllm.stats import take_delta
+        from gcache_vllm.stats import take_delta   # here: stats imports vLLM, this module not
         data: dict[str, Any] = take_delta(dict(self.counters), self._reported)
         with self._samples_lock:
             for name, samples in self._samples.items():
