@@ -7,7 +7,7 @@ connectors' shared settings. The
 connectors use only the names below.
 """
 
-from gcache.kv.connect import client_from_settings, gcache_settings
+from gcache.kv.connect import client_from_settings, count_setting, gcache_settings
 from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
@@ -21,7 +21,7 @@ from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_s
 __all__ = [
     "DEFAULT_POLICY", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
     "LayerGeometry", "LoadHandle", "ModelLayout", "Probe", "SHIPPED_CONFIGS", "SaveResult",
-    "StorePolicy", "client_from_settings", "gcache_settings", "leading", "page_hashes",
+    "StorePolicy", "client_from_settings", "count_setting", "gcache_settings", "leading", "page_hashes",
     "page_regions", "policy_from_name", "restorable_prefixes", "safe_boundary", "tail_span",
     "weights_fingerprint",
 ]

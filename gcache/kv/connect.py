@@ -25,6 +25,8 @@ SETTINGS = {
     "io_threads": "SDK IO threads (default 4)",
     "group_width": "servers one placement group is striped over (default 2)",
     "namespace": "an extra label that separates tenants sharing one cluster",
+    "async_load_tokens": "vLLM: hits of more tokens than this load asynchronously, beside the "
+                         "forward passes (default 2048; 0: every hit)",
     "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
               "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
 }
@@ -74,6 +76,15 @@ def client_from_settings(settings: Mapping[str, Any]) -> Client:
         return Client(master=master, **kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError("gcache_*", dict(settings), str(exc)) from exc
+
+
+def count_setting(settings: Mapping[str, Any], name: str, default: int) -> int:
+    """The whole number ``name`` of settings as ``gcache_settings`` returns them (0 allowed),
+    or ``default``; anything else raises ``ConfigError`` naming the key."""
+    value = settings.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(PREFIX + name, value, "must be a whole number, 0 or more")
+    return value
 
 
 def _number(settings: Mapping[str, Any], name: str, *, positive: bool) -> float:

@@ -7,9 +7,9 @@ connector interface minus three sleep-mode hooks of 0.33 that have defaults.
 from __future__ import annotations
 
 try:
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
-                                                                  KVConnectorMetadata,
-                                                                  KVConnectorRole, SupportsHMA)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
+        SupportsHMA)
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 except ImportError as exc:                                   # pragma: no cover - wrong engine
     raise ImportError(f"gcache_vllm needs vllm 0.32 or 0.33 (KVConnectorBase_V1 with "
@@ -36,5 +36,6 @@ def tensor_parallel_rank() -> int:
 
 
 __all__ = ["KVConnectorBase_V1", "KVConnectorMetadata", "KVConnectorRole", "KVConnectorStats",
+           "KVConnectorTransferResults",
            "SupportsHMA",
            "get_logger", "layer_index", "tensor_parallel_rank"]

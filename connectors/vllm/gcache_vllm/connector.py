@@ -14,6 +14,13 @@ and the KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: wit
 on, sliding-window groups hand over null block 0 outside the window, which is skipped; which
 group is the sliding one is read from the KV cache config, never assumed.
 
+Loads are synchronous (layer by layer within the forward pass) for short same-host hits of
+models with one KV cache group and asynchronous otherwise: with several groups (hybrid models)
+vLLM can take a failed load back only for a request it parked (``failed_recving``), not as
+block ids (``gcache_async_load_tokens``, default 2048; 0 makes every hit
+asynchronous); a finished request's prompt and answer are saved before vLLM frees its blocks,
+so the next turn of a conversation hits through the answer (``scheduler_side``).
+
 Failures: a miss or a dead server is a shorter match; a layer that does not arrive is reported
 through ``get_block_ids_with_load_errors`` (set ``kv_load_failure_policy: "recompute"`` so vLLM
 recomputes those blocks rather than failing the request); a failed save is logged and counted.
@@ -24,13 +31,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gcache.kv import KVStore, client_from_settings, gcache_settings
-from gcache_vllm._compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
+from gcache.kv import KVStore, client_from_settings, count_setting, gcache_settings
+from gcache_vllm._compat import (KVConnectorBase_V1, KVConnectorRole,
+                               KVConnectorTransferResults, SupportsHMA)
 from gcache_vllm._compat import get_logger, layer_index, tensor_parallel_rank
 from gcache_vllm.metadata import GCacheConnectorMetadata
 from gcache_vllm.model_layout import (check_block_sizes, group_of_layers, keyed_model_name,
                                       model_layout)
-from gcache_vllm.scheduler_side import SchedulerSide
+from gcache_vllm.scheduler_side import DEFAULT_ASYNC_LOAD_TOKENS, SchedulerSide
 from gcache_vllm.stats import GCacheStats, take_delta
 from gcache_vllm.worker_side import WorkerSide
 
@@ -56,7 +64,12 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler = self.worker = None
         self._reported_misses: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = SchedulerSide(self.store, self.layout.page_size)
+            groups = len(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else 1
+            self.scheduler = SchedulerSide(
+                self.store, self.layout.page_size, probe_timeout_s=self.client.config.timeout_s,
+                always_async=groups > 1,
+                same_host=self._same_host, async_load_tokens=count_setting(
+                    settings, "async_load_tokens", DEFAULT_ASYNC_LOAD_TOKENS))
         else:
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config),
                                      layer_index=layer_index)
@@ -77,17 +90,25 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler.matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
-        self.scheduler.after_alloc(request, num_external_tokens)
+        self.scheduler.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
         return self.scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list[int]):
-        self.scheduler.finished(request)
-        return False, None                     # saves finish within the step: free the blocks
+        return self.request_finished_all_groups(request, (list(block_ids),))
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
-        return self.request_finished(request, [])
+        # True: keep the blocks until the workers report the prompt-and-answer save
+        return self.scheduler.finished(request, block_ids), None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self.scheduler.workers_reported(connector_output)
+
+    def _same_host(self) -> bool:
+        """Whether every server is reached over shared memory (else a load goes async)."""
+        stats = self.client.stats()
+        return bool(stats["servers"]) and set(stats["shm_servers"]) == set(stats["servers"])
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -110,6 +131,15 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         self.worker.wait_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        sent, received, _ = self.worker.get_finished()
+        return sent or None, received or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sent, received, failed = self.worker.get_finished()
+        return KVConnectorTransferResults(finished_sending=sent, finished_recving=received,
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_load_errors() if self.worker else set()
@@ -143,6 +173,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def shutdown(self) -> None:
         if self.worker is not None:
-            self.worker.wait_saves()
+            self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
         self.store.close()
         self.client.close()

@@ -1,20 +1,38 @@
-"""The connector in vLLM's scheduler: which prefix GCache can supply, and what to load and
-save each step.
+"""The connector in vLLM's scheduler: which prefix GCache can supply, how it is loaded, and
+what to save each step and when a request ends.
 
 A hit is ``KVStore.match``: the largest page boundary where every full-attention page and every
 sliding layer's window tail exist (``gcache.kv``'s window-safe rule), capped so that the last
-prompt token is always computed. The load is reported as synchronous: on a step that has
-one vLLM starts it before the forward pass, and each layer waits only for its own KV (layer by
-layer on GCache's loader thread), so vLLM need not park the request. (On a step without one,
-vLLM calls ``start_load_kv`` after the forward pass; the worker applies a load only in the step
-that carries it.) Probes are remembered per request, because
-vLLM may ask again in a later step; they are forgotten when the request is scheduled or ends.
+prompt token is always computed. The probe runs on a thread of its own and the scheduler waits
+for it one IO timeout at most; a slower probe is a miss for that request. Probes are remembered
+per request, because vLLM may ask again in a later step; they are forgotten when the request is
+scheduled or ends.
+
+Two kinds of load: a short hit from same-host servers, for a model with one KV cache group, is
+synchronous, loaded layer by layer
+within the forward pass (each layer waits only for its own KV); a hit of more than
+``async_load_tokens`` tokens, one from servers on other hosts, or any hit of a hybrid model
+(``always_async``: vLLM takes back a failed load of several KV cache groups only for a parked
+request) is asynchronous (``load_kv_async``): vLLM parks the request, the workers load beside
+the forward passes and report it through ``get_finished``, and only then is it scheduled. A
+request comes back unloaded after a failed load, and is then computed, never loaded again.
+
+Saves: the prompt's full pages in the forward pass that finishes the prefill (so concurrent
+requests on the same prefix hit early), and, when the request ends, the full pages of prompt
+plus answer with the window tail at the new end, so that the next turn of a conversation, whose
+prompt is this prompt, this answer and a new message, hits through the answer. vLLM keeps the
+finished request's blocks until the workers report the save (``request_finished`` returns
+True). A new request whose prompt continues a save still in flight is held back (``None``: not
+known yet) until that save is reported, for ``finish_wait_s`` at most.
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from gcache_vllm._compat import get_logger
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -22,51 +40,128 @@ from gcache_vllm.stats import take_delta
 
 log = get_logger(__name__)
 
+DEFAULT_ASYNC_LOAD_TOKENS = 2048
+FINISH_WAIT_S = 5.0
+
 
 @dataclass
 class _Tracked:
     prompt: list[int]
     block_ids: list[list[int]]
-    saved: bool = False
+    saved_pages: int = 0                     # pages the prefill's save covered
+    prompt_done: bool = False
 
 
 class SchedulerSide:
-    def __init__(self, store: Any, page_size: int) -> None:
+    """``same_host`` says whether every server is reached over shared memory (an SDK fact)."""
+
+    def __init__(self, store: Any, page_size: int, *, probe_timeout_s: float,
+                 same_host: Callable[[], bool], always_async: bool = False,
+                 async_load_tokens: int = DEFAULT_ASYNC_LOAD_TOKENS,
+                 finish_wait_s: float = FINISH_WAIT_S) -> None:
         self.store = store                          # gcache.kv.KVStore, rank 0's keys
         self.page = page_size
+        self.probe_timeout_s, self.same_host = probe_timeout_s, same_host
+        self.async_load_tokens, self.finish_wait_s = async_load_tokens, finish_wait_s
+        self.always_async = always_async
+        self._prober = ThreadPoolExecutor(1, thread_name_prefix="gcache-vllm-probe")
         self._hits: dict[str, int] = {}             # req id -> matched tokens
+        self._asynchronous: dict[str, bool] = {}    # req id -> its hit would load async
         self._loads: dict[str, tuple[int, int]] = {}   # req id -> (hit, tokens vLLM had)
+        self._async_loads: list[LoadSpec] = []      # placed at allocation, sent next meta
         self._tracked: dict[str, _Tracked] = {}
-        self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "lookup_errors": 0}
+        self._finish_saves: list[SaveSpec] = []     # to send with the next meta
+        self._finishing: dict[str, list[int]] = {}  # req id -> tokens, until workers report
+        self._held_since: dict[str, float] = {}
+        self._loaded: set[str] = set()              # an async load was placed: no second one
+        self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "lookup_errors": 0,
+                         "lookup_timeouts": 0, "async_loads": 0, "finish_saves": 0}
         self._reported: dict[str, int] = {}
 
-    def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def close(self) -> None:
+        self._prober.shutdown(wait=False, cancel_futures=True)
+
+    # ---- matching ---------------------------------------------------------------------------
+
+    def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         req_id = request.request_id
+        if req_id in self._loaded:
+            return 0, False                     # back after a failed load: compute it
         if req_id not in self._hits:
             prompt = list(request.prompt_token_ids or ())
-            limit = (len(prompt) - 1) // self.page * self.page if prompt else 0
-            try:
-                self._hits[req_id] = self.store.match(prompt[:limit]) if limit > 0 else 0
-            except Exception:                              # noqa: BLE001 - a miss, never a stall
-                log.exception("gcache match failed for %s; treating it as a miss", req_id)
-                self._hits[req_id] = 0
-                self.counters["lookup_errors"] += 1
+            if self._behind_a_finish_save(req_id, prompt):
+                return None, False
+            self._hits[req_id] = self._probe(req_id, prompt)
             self.counters["lookups"] += 1
             self.counters["lookup_tokens"] += len(prompt)
             self.counters["hit_tokens"] += self._hits[req_id]
-        return max(0, self._hits[req_id] - num_computed_tokens), False
+        tokens = max(0, self._hits[req_id] - num_computed_tokens)
+        asynchronous = tokens > 0 and (self.always_async or tokens > self.async_load_tokens
+                                       or not self.same_host())
+        self._asynchronous[req_id] = asynchronous
+        return tokens, asynchronous
 
-    def after_alloc(self, request: Any, num_external_tokens: int) -> None:
-        if num_external_tokens > 0:
-            hit = self._hits.get(request.request_id, 0)
-            self._loads[request.request_id] = (hit, hit - num_external_tokens)
+    def _probe(self, req_id: str, prompt: list[int]) -> int:
+        limit = (len(prompt) - 1) // self.page * self.page if prompt else 0
+        if limit <= 0:
+            return 0
+        future = self._prober.submit(self.store.match, prompt[:limit])
+        try:
+            return future.result(timeout=self.probe_timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            self.counters["lookup_timeouts"] += 1
+            log.warning("gcache match for %s took over %.0f ms; treating it as a miss", req_id,
+                        self.probe_timeout_s * 1e3)
+        except Exception:                                  # noqa: BLE001 - a miss, never a stall
+            log.exception("gcache match failed for %s; treating it as a miss", req_id)
+            self.counters["lookup_errors"] += 1
+        return 0
+
+    def _behind_a_finish_save(self, req_id: str, prompt: list[int]) -> bool:
+        """Whether ``prompt`` continues the tokens of a finish save still in flight (a later
+        turn right behind the previous one), within ``finish_wait_s`` of the first ask."""
+        pending = [s.token_ids for s in self._finish_saves] + list(self._finishing.values())
+        if not any(len(prompt) > len(t) and prompt[:len(t)] == t for t in pending):
+            self._held_since.pop(req_id, None)
+            return False
+        since = self._held_since.setdefault(req_id, time.monotonic())
+        if time.monotonic() - since < self.finish_wait_s:
+            return True
+        log.warning("gcache: %s waited %.1f s for the previous turn's save; matching without it",
+                    req_id, self.finish_wait_s)
+        self._held_since.pop(req_id, None)
+        return False
+
+    # ---- allocation and metadata --------------------------------------------------------------
+
+    def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        req_id = request.request_id
+        if num_external_tokens <= 0:
+            return
+        hit = self._hits.get(req_id, 0)
+        if self._asynchronous.get(req_id):
+            # a parked request is not among the next step's scheduled ones: place it now
+            prompt = list(request.prompt_token_ids or ())
+            self._async_loads.append(LoadSpec(req_id, prompt[:hit], hit - num_external_tokens,
+                                              tuple(list(g) for g in blocks.get_block_ids()),
+                                              asynchronous=True))
+            self._loaded.add(req_id)
+            self.counters["async_loads"] += 1
+        else:
+            self._loads[req_id] = (hit, hit - num_external_tokens)
 
     def build_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
-        meta = GCacheConnectorMetadata()
+        meta = GCacheConnectorMetadata(loads=self._async_loads,
+                                       saves_at_finish=self._finish_saves)
+        self._async_loads, self._finish_saves = [], []
+        for save in meta.saves_at_finish:
+            self._finishing[save.req_id] = save.token_ids
         for new in scheduler_output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids or ())
             self._tracked[new.req_id] = _Tracked(prompt, [list(g) for g in new.block_ids])
             self._hits.pop(new.req_id, None)
+            self._asynchronous.pop(new.req_id, None)
             hit, skip = self._loads.pop(new.req_id, (0, 0))
             if hit:
                 meta.loads.append(LoadSpec(new.req_id, prompt[:hit], skip, tuple(new.block_ids)))
@@ -86,19 +181,41 @@ class SchedulerSide:
                          for new in scheduler_output.scheduled_new_reqs})
         for req_id, n_scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(req_id)
-            if tracked is None or tracked.saved:
+            if tracked is None or tracked.prompt_done:
                 continue
             if computed.get(req_id, 0) + n_scheduled >= len(tracked.prompt):
-                tracked.saved = True                 # this step finishes the prompt
-                pages = len(tracked.prompt) // self.page * self.page
-                if pages:
-                    meta.saves.append(SaveSpec(req_id, tracked.prompt[:pages],
+                tracked.prompt_done = True           # this step finishes the prompt
+                tracked.saved_pages = len(tracked.prompt) // self.page
+                if tracked.saved_pages:
+                    meta.saves.append(SaveSpec(req_id,
+                                               tracked.prompt[:tracked.saved_pages * self.page],
                                                tuple(list(g) for g in tracked.block_ids)))
         return meta
 
-    def finished(self, request: Any) -> None:
-        for table in (self._hits, self._loads, self._tracked):
-            table.pop(request.request_id, None)
+    # ---- request end and the workers' reports -------------------------------------------------
+
+    def finished(self, request: Any, block_ids: tuple[list[int], ...]) -> bool:
+        """Forget the request; True when its blocks must stay until the workers have saved
+        its prompt and answer (a finish save is queued for the next step)."""
+        req_id = request.request_id
+        tracked = self._tracked.pop(req_id, None)
+        for table in (self._hits, self._asynchronous, self._loads, self._held_since):
+            table.pop(req_id, None)
+        self._loaded.discard(req_id)
+        if tracked is None or not tracked.prompt_done:
+            return False                       # never scheduled, or stopped mid-prefill
+        pages = request.num_computed_tokens // self.page
+        if pages <= tracked.saved_pages or not any(block_ids):
+            return False                       # no page the prefill's save did not cover
+        tokens = list(request.all_token_ids[:pages * self.page])
+        self._finish_saves.append(SaveSpec(req_id, tokens, tuple(list(g) for g in block_ids)))
+        self.counters["finish_saves"] += 1
+        return True
+
+    def workers_reported(self, output: Any) -> None:
+        """vLLM's aggregated worker output: the finish saves every worker has done."""
+        for req_id in getattr(output, "finished_sending", None) or ():
+            self._finishing.pop(req_id, None)
 
     def take_stats(self) -> dict[str, int]:
         return take_delta(dict(self.counters), self._reported)

@@ -10,7 +10,14 @@ its attention (``save_kv_layer``), starts their copy to pinned host memory on th
 and hands them to a saver thread that puts them once the copy is done; the forward pass goes
 on, and ``wait_for_save`` waits for the step's puts.
 
-A load belongs to the step whose metadata carries it, and to no other: vLLM starts a step's
+An asynchronous load (``LoadSpec.asynchronous``: vLLM has parked the request) is fetched the
+same way but applied whole, after the forward pass of the first step in which all of it has
+arrived (``get_finished``), and reported there as received; its failed layers' blocks are
+reported in that same step, as vLLM requires. A save at finish (a finished request's prompt and
+answer, whose blocks vLLM keeps for it) gathers every layer outside the forward pass and is
+reported as sent by ``get_finished`` once each layer is put or has failed.
+
+A synchronous load belongs to the step whose metadata carries it, and to no other: vLLM starts a step's
 loads before the forward pass only when the step has synchronous loads, and otherwise calls
 ``start_load_kv`` after it, so a layer hook may run before this step's ``start_load``. Loads are
 kept with the metadata object they came from and applied only while that object is bound, and
@@ -93,18 +100,26 @@ class WorkerSide:
     def __init__(self, store: Any, layout: Any, group_of: dict[str, int], *,
                  layer_index: Callable[[str], int]) -> None:
         self.store, self.layout, self.group_of = store, layout, group_of
+        # vLLM maps failed block ids back to requests only when block ids are unique, i.e.
+        # with one KV cache group; with more, a failed load is reported by request
+        self.block_failures = len(set(group_of.values())) <= 1
         self.layer_index = layer_index
         self.layers: dict[str, tuple[int, PagedLayer]] = {}
         self.transfers: Transfers | None = None
         self._loads: list[tuple[LoadSpec, Any, StagingSink]] = []
+        self._async_loads: dict[str, tuple[LoadSpec, Any, StagingSink]] = {}
+        self._finish_left: dict[str, int] = {}                  # req id -> layers to put
+        self._finish_done: set[str] = set()
+        self._finish_lock = threading.Lock()                    # the saver thread counts down
         self._loads_of: GCacheConnectorMetadata | None = None    # the metadata they came from
         self._load_errors: set[int] = set()
+        self._failed_requests: set[str] = set()                # async loads, by request
         self._saves: queue.Queue = queue.Queue()
-        self._probes: dict[str, Any] = {}
+        self._probes: dict[tuple[str, int], Any] = {}
         self._saver = threading.Thread(target=self._save_loop, name="gcache-vllm-save",
                                        daemon=True)
         self._saver.start()
-        self.counters = {"loads": 0, "loaded_layers": 0, "failed_layers": 0,
+        self.counters = {"loads": 0, "async_loads": 0, "loaded_layers": 0, "failed_layers": 0,
                          "saved_layers": 0, "save_errors": 0, "skipped_saves": 0,
                          "bytes_loaded": 0, "bytes_saved": 0}
         self._reported: dict[str, int] = {}                     # counters at the last report
@@ -144,30 +159,65 @@ class WorkerSide:
                 log.exception("gcache load of %s could not start", spec.req_id)
                 sink.release()
                 self._fail(spec)
+                if spec.asynchronous:                      # vLLM waits for its report
+                    self._async_loads[spec.req_id] = (spec, None, sink)
                 continue
-            self._loads.append((spec, handle, sink))
-            self.counters["loads"] += 1
+            if spec.asynchronous:
+                self._async_loads[spec.req_id] = (spec, handle, sink)
+                self.counters["async_loads"] += 1
+            else:
+                self._loads.append((spec, handle, sink))
+                self.counters["loads"] += 1
+        for spec in (meta.saves_at_finish if meta else ()):
+            self._save_at_finish(spec)
 
     def wait_layer(self, layer_name: str, meta: GCacheConnectorMetadata | None) -> None:
         if layer_name not in self.layers or not self._loads or meta is not self._loads_of:
             return                            # no load of this step (see the module docstring)
-        index, paged = self.layers[layer_name]
         for spec, handle, sink in self._loads:
-            if index not in sink.spans:
-                continue                                   # nothing of this layer to load
-            waited = time.perf_counter()
-            handle.wait_layer(index)
-            self._sample("load_wait_s", time.perf_counter() - waited)
-            if index in handle.failed_layers:
-                self.counters["failed_layers"] += 1
-                self._fail(spec)
+            self._apply_layer(layer_name, spec, handle, sink)
+
+    def _apply_layer(self, layer_name: str, spec: LoadSpec, handle: Any,
+                     sink: StagingSink) -> None:
+        """Wait for one layer of a load, then copy it into the request's blocks (or report
+        the load failed)."""
+        index, paged = self.layers[layer_name]
+        if index not in sink.spans:
+            return                                         # nothing of this layer to load
+        waited = time.perf_counter()
+        handle.wait_layer(index)
+        self._sample("load_wait_s", time.perf_counter() - waited)
+        if index in handle.failed_layers:
+            self.counters["failed_layers"] += 1
+            self._fail(spec)
+            return
+        start, stop, host = sink.spans[index]
+        staged, sink.copied[index] = self.transfers.to_device(host)
+        self.counters["bytes_loaded"] += host.numel()
+        paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
+                      spec.skip_tokens)
+        self.counters["loaded_layers"] += 1
+
+    def get_finished(self) -> tuple[set[str], set[str], set[str]]:
+        """(finish saves done, asynchronous loads done, those of them that failed) since the
+        last call. A load is applied here, after the forward pass, once all of it has arrived:
+        its blocks are the parked request's alone, and the next forward pass is queued after
+        these copies."""
+        received = set()
+        for req_id, (spec, handle, sink) in list(self._async_loads.items()):
+            if handle is not None and not handle.done:
                 continue
-            start, stop, host = sink.spans[index]
-            staged, sink.copied[index] = self.transfers.to_device(host)
-            self.counters["bytes_loaded"] += host.numel()
-            paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
-                          spec.skip_tokens)
-            self.counters["loaded_layers"] += 1
+            if handle is not None:
+                for name in self.layers:
+                    self._apply_layer(name, spec, handle, sink)
+            sink.release()
+            received.add(req_id)
+            del self._async_loads[req_id]
+        with self._finish_lock:
+            sent, self._finish_done = self._finish_done, set()
+        failed, self._failed_requests = self._failed_requests & received, \
+            self._failed_requests - received
+        return sent, received, failed
 
     def end_step(self) -> None:
         """vLLM cleared the step's metadata: its loads are over, applied or not."""
@@ -182,7 +232,15 @@ class WorkerSide:
         self._loads = []
 
     def _fail(self, spec: LoadSpec) -> None:
-        """Report every block of the load: vLLM recomputes them (kv_load_failure_policy)."""
+        """Report every block of the load, or the request where block ids are not unique:
+        vLLM recomputes them (kv_load_failure_policy)."""
+        if not self.block_failures:
+            if not spec.asynchronous:
+                log.error("gcache load of %s failed in a synchronous load of a hybrid model, "
+                          "which vLLM cannot take back; its output may be wrong", spec.req_id)
+                return
+            self._failed_requests.add(spec.req_id)
+            return
         self._load_errors.update(b for group in spec.block_ids
                                  for b in group[:len(spec.token_ids) // self.layout.page_size]
                                  if b != NULL_BLOCK)
@@ -208,30 +266,64 @@ class WorkerSide:
         the saver thread puts them once the copy is done. Never waits for the GPU."""
         if layer_name not in self.layers or not meta or not meta.saves:
             return
-        index, paged = self.layers[layer_name]
         for spec in meta.saves:
-            ids = spec.block_ids[self.group_of[layer_name]]
-            stop = len(spec.token_ids)
-            first = paged.held_from(ids, stop)
-            if first and not self.layout.is_swa(index):    # a full layer must hold every page
-                self.counters["skipped_saves"] += 1
-                continue
-            try:
-                host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
-            except Exception:                              # noqa: BLE001 - never fail the step
-                self.counters["save_errors"] += 1
-                log.exception("gcache save of %s layer %d could not start", spec.req_id, index)
-                continue
-            self._saves.put((spec, index, host, copied, first))
+            self._start_save(layer_name, spec)
+
+    def _save_at_finish(self, spec: SaveSpec) -> None:
+        with self._finish_lock:
+            self._finish_left[spec.req_id] = len(self.layers)
+        for name in self.layers:
+            if not self._start_save(name, spec, at_finish=True):
+                self._finish_one(spec.req_id)
+
+    def _start_save(self, layer_name: str, spec: SaveSpec, *, at_finish: bool = False) -> bool:
+        """Queue one layer of ``spec`` for the saver; False when nothing was queued."""
+        index, paged = self.layers[layer_name]
+        ids = spec.block_ids[self.group_of[layer_name]]
+        stop = len(spec.token_ids)
+        first = paged.held_from(ids, stop)
+        if first and not self.layout.is_swa(index):        # a full layer must hold every page
+            self.counters["skipped_saves"] += 1
+            return False
+        try:
+            host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
+        except Exception:                                  # noqa: BLE001 - never fail the step
+            self.counters["save_errors"] += 1
+            log.exception("gcache save of %s layer %d could not start", spec.req_id, index)
+            return False
+        self._saves.put((spec, index, host, copied, first, at_finish))
+        return True
+
+    def _finish_one(self, req_id: str) -> None:
+        with self._finish_lock:
+            left = self._finish_left.get(req_id)
+            if left is None:
+                return
+            if left <= 1:
+                del self._finish_left[req_id]
+                self._finish_done.add(req_id)
+            else:
+                self._finish_left[req_id] = left - 1
 
     def wait_saves(self) -> None:
         self._saves.join()
         self._probes.clear()
 
+    def close(self) -> None:
+        """Finish what is in flight: queued saves, and loads still writing into pooled
+        buffers."""
+        self.wait_saves()
+        self._release_loads()
+        for _, handle, sink in self._async_loads.values():
+            if handle is not None:
+                handle.wait()
+            sink.release()
+        self._async_loads = {}
+
     def _save_loop(self) -> None:
         bound = None
         while True:
-            spec, index, host, copied, first = self._saves.get()
+            spec, index, host, copied, first, at_finish = self._saves.get()
             try:
                 if bound is not self.transfers:
                     self.transfers.bind_thread()
@@ -243,12 +335,15 @@ class WorkerSide:
                 log.exception("gcache save of %s layer %d failed", spec.req_id, index)
             finally:
                 self.transfers.release(host)
+                if at_finish:
+                    self._finish_one(spec.req_id)
                 self._saves.task_done()
 
     def _save(self, spec: SaveSpec, index: int, host: Any, first: int) -> None:
-        probe = self._probes.get(spec.req_id)
+        key = (spec.req_id, len(spec.token_ids))          # a prefill's and a finish's save
+        probe = self._probes.get(key)
         if probe is None:
-            probe = self._probes[spec.req_id] = self.store.probe(spec.token_ids)
+            probe = self._probes[key] = self.store.probe(spec.token_ids)
         source = _GatheredSource(self.layout, host, first)
         started = time.perf_counter()
         result = self.store.save(spec.token_ids, source, probe=probe, layers=[index])

@@ -16,3 +16,13 @@ def cluster(tmp_path):
     with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
                       log_dir=str(tmp_path / "gcache")) as running:
         yield running
+
+
+@pytest.fixture
+def as_transfer_group(monkeypatch):
+    """Make ``connector`` vLLM's global KV transfer group, as the worker's init does."""
+    from vllm.distributed.kv_transfer import kv_transfer_state
+
+    def install(connector) -> None:
+        monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", connector)
+    return install

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import time
 
 import torch
 
 PAGE = 16
 BLOCKS = 128
+STEPS = 200                       # a bound on any wait for the engine: about 4 s
 
 
 def write_config(path: pathlib.Path, *, window: int | None, sliding_first: bool = True,
@@ -44,7 +46,7 @@ def layer_name(i: int) -> str:
 
 
 def vllm_config(model: pathlib.Path, servers: list[str], *, policy: str = "adaptive",
-                tp_size: int = 1):
+                tp_size: int = 1, **settings):
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                              ParallelConfig, SchedulerConfig, VllmConfig)
     model_config = ModelConfig(model=str(model), tokenizer=None, skip_tokenizer_init=True,
@@ -60,7 +62,8 @@ def vllm_config(model: pathlib.Path, servers: list[str], *, policy: str = "adapt
             kv_connector="GCacheConnector", kv_connector_module_path="gcache_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
             kv_connector_extra_config={"gcache_servers": ",".join(servers),
-                                       "gcache_timeout_ms": 1000, "gcache_policy": policy}))
+                                       "gcache_timeout_ms": 1000, "gcache_policy": policy,
+                                       **{f"gcache_{k}": v for k, v in settings.items()}}))
 
 
 def kv_cache_config(config: dict, *, heads: int, head_dim: int):
@@ -93,13 +96,14 @@ def scheduler(config, kv_config):
                      block_size=PAGE, log_stats=True)
 
 
-def request(req_id: str, tokens: list[int]):
+def request(req_id: str, tokens: list[int], *, max_tokens: int = 4):
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
     init_none_hash(sha256)
-    return Request(req_id, tokens, SamplingParams(max_tokens=4, temperature=0.0), None,
+    return Request(req_id, tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                      ignore_eos=True), None,
                    block_hasher=get_request_block_hasher(PAGE, sha256))
 
 
@@ -128,3 +132,49 @@ def init_one_process_group() -> None:
                                      distributed_init_method=f"tcp://127.0.0.1:{port}",
                                      backend="gloo")
         ensure_model_parallel_initialized(1, 1)
+
+
+def forward(config, out, connector, *, between=None):
+    """The model runner's forward pass over ``out``: each attention layer's hooks, in layer
+    order, inside vLLM's own connector context; returns its ``KVConnectorOutput``."""
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+    layers = sorted(connector.worker.layers, key=lambda n: connector.worker.layers[n][0])
+    with set_forward_context(None, config), \
+            KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_output:
+        for name in layers:                               # what attention layers call
+            connector.wait_for_layer_load(name)
+            connector.save_kv_layer(name, connector.worker.layers[name][1].tensor, None)
+        if between is not None:
+            between()
+    return kv_output
+
+
+def engine_step(config, sched, connector, *, token: int = 7):
+    """One whole engine step; each scheduled request samples ``token``."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+    out = sched.schedule()
+    if not out.total_num_scheduled_tokens:
+        output = KVConnectorModelRunnerMixin.kv_connector_no_forward(out, config)
+    else:
+        req_ids = list(out.num_scheduled_tokens)
+        output = ModelRunnerOutput(req_ids=req_ids,
+                                   req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                   sampled_token_ids=[[token] for _ in req_ids],
+                                   kv_connector_output=forward(config, out, connector))
+    sched.update_from_output(out, output)
+    return out
+
+
+def until_scheduled(config, sched, connector, req_id: str, *, seen=None):
+    """Whole engine steps until ``req_id`` is scheduled (an async load parks it a while);
+    ``seen`` collects every step's loads."""
+    for _ in range(STEPS):
+        out = engine_step(config, sched, connector)
+        if seen is not None:
+            seen.extend(out.kv_connector_metadata.loads)
+        if req_id in out.num_scheduled_tokens:
+            return out
+        time.sleep(0.02)
+    raise AssertionError(f"{req_id} was never scheduled")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .harness import request, scheduler
+from .harness import forward, request, scheduler
 from .test_scheduler_and_worker import engine_pair, save_prompt, worker
 
 MARK = 7.0
@@ -26,31 +26,11 @@ def one_process_group():
     init_one_process_group()
 
 
-@pytest.fixture
-def as_transfer_group(monkeypatch):
-    """Make ``connector`` vLLM's global KV transfer group, as the worker's init does."""
-    from vllm.distributed.kv_transfer import kv_transfer_state
-
-    def install(connector) -> None:
-        monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", connector)
-    return install
-
-
 def runner_step(config, sched, connector, *, between=None):
     """One step as vLLM's GPU/CPU model runner makes it; ``between`` runs after the layer
     hooks, inside the forward."""
-    from vllm.forward_context import set_forward_context
-    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
     out = sched.schedule()
-    layers = sorted(connector.worker.layers, key=lambda n: connector.worker.layers[n][0])
-    with set_forward_context(None, config), \
-            KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_output:
-        for name in layers:                               # what attention layers call
-            connector.wait_for_layer_load(name)
-            connector.save_kv_layer(name, connector.worker.layers[name][1].tensor, None)
-        if between is not None:
-            between()
-    return out, kv_output
+    return out, forward(config, out, connector, between=between)
 
 
 def loaded_blocks(meta) -> set[int]:
@@ -60,7 +40,7 @@ def loaded_blocks(meta) -> set[int]:
 def loading_engine(tmp_path, cluster, as_transfer_group, *, first_token: int, seed: int):
     """A prompt saved by one engine, and a fresh engine (vLLM's scheduler, our worker as the
     transfer group) with a request for it queued: its first step loads the prefix."""
-    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)   # a sync load
     prompt = list(range(first_token, first_token + 100))
     save_prompt(config, kv_config, prompt, seed=seed, req_id="a")
     sched = scheduler(config, kv_config)

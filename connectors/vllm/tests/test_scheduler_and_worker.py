@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from .harness import (PAGE, kv_cache_config, kv_tensors, layer_name, request, scheduler,
-                      vllm_config, write_config)
+                      until_scheduled, vllm_config, write_config)
 
 HEADS, HEAD_DIM = 2, 32
 
@@ -22,10 +22,11 @@ def one_process_group():
     init_one_process_group()
 
 
-def engine_pair(tmp_path, cluster, *, window, sliding_first=True, policy="adaptive"):
+def engine_pair(tmp_path, cluster, *, window, sliding_first=True, policy="adaptive",
+                **settings):
     model = write_config(tmp_path / "model", window=window, sliding_first=sliding_first,
                          heads=HEADS, head_dim=HEAD_DIM)
-    config = vllm_config(model, cluster.addresses, policy=policy)
+    config = vllm_config(model, cluster.addresses, policy=policy, **settings)
     layout = json.loads((model / "config.json").read_text())
     return config, kv_cache_config(layout, heads=HEADS, head_dim=HEAD_DIM), layout
 
@@ -71,7 +72,8 @@ def same_tokens(a, a_blocks, b, b_blocks, tokens):
 
 @pytest.mark.parametrize("window,sliding_first", [(None, True), (32, True), (32, False)])
 def test_save_then_a_fresh_engine_loads_the_window_safe_prefix(tmp_path, cluster, window,
-                                                               sliding_first):
+                                                               sliding_first,
+                                                               as_transfer_group):
     config, kv_config, layout = engine_pair(tmp_path, cluster, window=window,
                                             sliding_first=sliding_first)
     prompt = list(range(1000, 1100))                       # 100 tokens: 6 whole pages
@@ -86,13 +88,17 @@ def test_save_then_a_fresh_engine_loads_the_window_safe_prefix(tmp_path, cluster
     saved_blocks = meta.saves[0].block_ids
 
     # a fresh engine: its scheduler asks GCache, its worker loads into other blocks
+    # (whole engine steps: a hybrid model's load is asynchronous, the request parked a while)
     second_sched = scheduler(config, kv_config)
     second_worker, target = worker(config, kv_config, seed=None)
+    as_transfer_group(second_worker)
     second_sched.add_request(request("b", prompt))
-    out, meta = run_step(second_sched, second_worker, forward=lambda name: None)
+    loads = []
+    out = until_scheduled(config, second_sched, second_worker, "b", seen=loads)
     assert out.num_scheduled_tokens["b"] == 100 - 96       # 96 tokens came from GCache
-    (load,) = meta.loads
+    (load,) = loads
     assert len(load.token_ids) == 96 and load.skip_tokens == 0
+    assert load.asynchronous == (window is not None)       # several KV cache groups
     assert second_worker.worker.counters["loaded_layers"] == 4
     assert second_worker.get_block_ids_with_load_errors() == set()
     group_of = second_worker.worker.group_of
@@ -122,7 +128,7 @@ def test_a_shared_part_of_a_prefix_hits_only_at_a_window_safe_boundary(tmp_path,
     save_prompt(adaptive, kv_config2, list(range(3000, 3100)), seed=3, req_id="c")
     other = list(range(3000, 3064)) + list(range(7000, 7036))
     assert scheduler(adaptive, kv_config2).connector.get_num_new_matched_tokens(
-        request("d", other), 0) == (64, False)
+        request("d", other), 0) == (64, True)            # hybrid: loaded asynchronously
 
 
 def test_a_local_prefix_hit_is_not_loaded_again(tmp_path, cluster):
@@ -135,7 +141,9 @@ def test_a_local_prefix_hit_is_not_loaded_again(tmp_path, cluster):
 
 
 def test_a_server_killed_before_the_load_reports_the_blocks_for_recompute(tmp_path, cluster):
-    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    """One KV cache group: a synchronous load, its failure reported as blocks (vLLM takes
+    block ids only when they are unique: one group)."""
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
     prompt = list(range(6000, 6100))
     save_prompt(config, kv_config, prompt, seed=5, req_id="a")
     sched = scheduler(config, kv_config)
@@ -178,7 +186,7 @@ def test_stats_reach_vllms_own_kv_transfer_metrics_line(tmp_path, cluster):
     """The scheduler's and the workers' figures, through vLLM's own collection: the connector
     class vLLM resolves from the config builds the stats, aggregates them and logs them."""
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
-    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
     prompt = list(range(8000, 8100))
     _, meta = save_prompt(config, kv_config, prompt, seed=6, req_id="a")
     sched = scheduler(config, kv_config)

@@ -1,0 +1,131 @@
+"""Asynchronous loads and saves at finish, through whole engine steps: vLLM 0.33's real
+scheduler (``schedule`` and ``update_from_output``), its model runner's connector calls
+(``_get_kv_connector_output``, or ``kv_connector_no_forward`` on a step with nothing to
+compute) and our connector on both sides, against a real local GCache cluster.
+
+An asynchronous load parks the request (``WAITING_FOR_REMOTE_KVS``) until the worker reports it
+through ``get_finished``; a finished request's prompt and answer are saved before vLLM frees its
+blocks, and the next turn of the conversation hits through the answer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .harness import PAGE, engine_step, layer_name, request, scheduler, until_scheduled
+from .test_scheduler_and_worker import engine_pair, same_tokens, worker
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    from .harness import init_one_process_group
+    init_one_process_group()
+
+
+def saved_engine(tmp_path, cluster, as_transfer_group, prompt, **settings):
+    """An engine that computed and saved ``prompt``: its config, worker tensors and the save's
+    blocks."""
+    config, kv_config, layout = engine_pair(tmp_path, cluster, window=32, **settings)
+    sched = scheduler(config, kv_config)
+    connector, tensors = worker(config, kv_config, seed=8)
+    as_transfer_group(connector)
+    sched.add_request(request("a", prompt))
+    out = engine_step(config, sched, connector)
+    (save,) = out.kv_connector_metadata.saves
+    return config, kv_config, layout, tensors, save.block_ids
+
+
+def test_an_async_load_parks_the_request_until_the_worker_reports_it(tmp_path, cluster,
+                                                                     as_transfer_group):
+    prompt = list(range(12000, 12100))
+    config, kv_config, layout, source, saved = saved_engine(
+        tmp_path, cluster, as_transfer_group, prompt, async_load_tokens=0)
+    sched = scheduler(config, kv_config)
+    connector, target = worker(config, kv_config, seed=None)
+    as_transfer_group(connector)
+    sched.add_request(request("b", prompt))
+    first = engine_step(config, sched, connector)
+    (load,) = first.kv_connector_metadata.loads
+    assert load.asynchronous and len(load.token_ids) == 96
+    assert "b" not in first.num_scheduled_tokens           # parked while its KV arrives
+    out = until_scheduled(config, sched, connector, "b")
+    assert out.num_scheduled_tokens["b"] == 100 - 96        # only the last page is computed
+    assert connector.worker.counters["async_loads"] == 1
+    assert connector.worker.counters["loaded_layers"] == 4
+    group_of = connector.worker.group_of
+    for i, kind in enumerate(layout["layer_types"]):
+        name, g = layer_name(i), group_of[layer_name(i)]
+        tokens = range(96) if kind == "full_attention" else \
+            [t for t in range(96 - 32, 96) if load.block_ids[g][t // PAGE] != 0]
+        assert same_tokens(source[name], saved[g], target[name], load.block_ids[g], tokens)
+
+
+def test_an_async_load_from_a_killed_server_is_recomputed(tmp_path, cluster, as_transfer_group):
+    prompt = list(range(15000, 15100))
+    config, kv_config, _, _, _ = saved_engine(tmp_path, cluster, as_transfer_group, prompt,
+                                              async_load_tokens=0)
+    sched = scheduler(config, kv_config)
+    connector, _ = worker(config, kv_config, seed=None)
+    as_transfer_group(connector)
+    original_start = connector.start_load_kv
+
+    def start_after_a_kill(forward_context, **kwargs):
+        if cluster.servers[0].is_running():              # matched while both servers lived
+            cluster.kill(0)
+        original_start(forward_context, **kwargs)
+
+    connector.start_load_kv = start_after_a_kill
+    sched.add_request(request("b", prompt))
+    first = engine_step(config, sched, connector)
+    assert first.kv_connector_metadata.loads[0].asynchronous
+    out = until_scheduled(config, sched, connector, "b")
+    # two KV cache groups: the failure is the request's (failed_recving), computed in full
+    assert out.num_scheduled_tokens["b"] == 100
+    assert connector.worker.counters["failed_layers"] > 0
+
+
+def test_a_finished_requests_answer_is_saved_and_the_next_turn_hits_through_it(
+        tmp_path, cluster, as_transfer_group):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=32)
+    sched = scheduler(config, kv_config)
+    connector, _ = worker(config, kv_config, seed=9)
+    as_transfer_group(connector)
+    prompt = list(range(13000, 13100))
+    sched.add_request(request("a", prompt, max_tokens=40))
+    for step in range(40):                                 # the prefill and 39 decode steps
+        out = engine_step(config, sched, connector, token=500 + step)
+    assert "a" in sched.requests and sched.requests["a"].is_finished()   # blocks kept
+    answer = list(sched.requests["a"].output_token_ids)
+    assert len(answer) == 40 and not out.kv_connector_metadata.saves_at_finish
+
+    turn2 = prompt + answer + list(range(14000, 14020))     # 160 tokens
+    sched.add_request(request("b", turn2))
+    out = engine_step(config, sched, connector)             # carries the finish save
+    (save,) = out.kv_connector_metadata.saves_at_finish
+    computed = 100 + 40 - 1                                 # the last answer token has no KV
+    assert save.req_id == "a" and len(save.token_ids) == computed // PAGE * PAGE == 128
+    assert "b" not in out.num_scheduled_tokens             # held behind the save
+    assert "a" not in sched.requests                       # freed once the worker reported
+    fresh = scheduler(config, kv_config).connector         # another engine sees it too
+    assert fresh.get_num_new_matched_tokens(request("c", turn2), 0) == (128, True)
+    out = until_scheduled(config, sched, connector, "b")
+    assert out.num_scheduled_tokens["b"] == len(turn2) - 128   # hit through the answer
+
+
+def test_a_probe_slower_than_one_io_timeout_is_a_miss(tmp_path, cluster):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
+    connector = scheduler(config, kv_config).connector
+    side = connector.scheduler
+    slow = side.store.match
+
+    def stalled(tokens):
+        time.sleep(3 * side.probe_timeout_s)
+        return slow(tokens)
+
+    side.store.match = stalled
+    started = time.monotonic()
+    assert connector.get_num_new_matched_tokens(request("d", list(range(100))), 0) == (0, False)
+    assert time.monotonic() - started < 2 * side.probe_timeout_s
+    assert side.counters["lookup_timeouts"] == 1
