@@ -4,12 +4,32 @@ A separate process per engine, as a deployment has: ``python run_engine.py SPEC_
 engine is in-process (one process: scheduler and worker) unless tensor parallelism asks for
 workers. Prints one line ``RESULT {...}`` with each prompt's greedy token ids, their
 log-probabilities, and the number of prompt tokens vLLM reports as cached.
+
+``conversation`` (instead of ``prompts``): each turn's prompt is the previous prompt, the
+engine's answer to it and the turn's message, as a chat client sends it. ``kill_on_load``: the
+PID of a GCache server to SIGKILL right after the worker starts its first load (the server dies
+mid-transfer).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+
+
+def kill_on_first_load(pid: int) -> None:
+    from gcache_vllm.worker_side import WorkerSide
+    start = WorkerSide.start_load
+
+    def start_then_kill(self, meta):
+        start(self, meta)
+        if meta is not None and meta.loads and not getattr(WorkerSide, "killed", False):
+            WorkerSide.killed = True
+            os.kill(pid, signal.SIGKILL)
+            print(f"KILLED {pid} after starting {len(meta.loads)} loads", flush=True)
+    WorkerSide.start_load = start_then_kill
 
 
 def main() -> None:
@@ -20,6 +40,10 @@ def main() -> None:
     # a generous IO timeout: the test machine's two cores also run other engines
     extra = {"gcache_servers": ",".join(spec["servers"]), "gcache_timeout_ms": 2000,
              "gcache_policy": spec.get("policy", "adaptive")}
+    if spec.get("async_load_tokens") is not None:
+        extra["gcache_async_load_tokens"] = spec["async_load_tokens"]
+    if spec.get("kill_on_load"):
+        kill_on_first_load(spec["kill_on_load"])
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True,
               block_size=spec["block_size"], max_model_len=512,
               kv_cache_memory_bytes=64 << 20, seed=0, enable_prefix_caching=False,
@@ -32,10 +56,14 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=spec["new_tokens"], ignore_eos=True,
                             logprobs=1)
     results = []
-    for ids in spec["prompts"]:
-        reply = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
+    turns = spec.get("conversation")
+    prompt: list[int] = []
+    for ids in (turns or spec["prompts"]):
+        prompt = (prompt + results[-1]["output_ids"] + ids) if turns and results else ids
+        reply = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
         tokens = list(reply.outputs[0].token_ids)
         results.append({"output_ids": tokens, "cached": reply.num_cached_tokens or 0,
+                        "prompt_len": len(prompt),
                         "logprobs": [step[t].logprob
                                      for step, t in zip(reply.outputs[0].logprobs, tokens)]})
     print("RESULT " + json.dumps({"results": results}), flush=True)

@@ -62,9 +62,11 @@ def gcache(tmp_path):
 
 
 def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
-        policy: str = "adaptive", tp: int = 1, log: pathlib.Path) -> dict:
+        policy: str = "adaptive", tp: int = 1, log: pathlib.Path, **more) -> dict:
+    """One engine process over ``prompts``; ``more`` goes into its spec (``run_engine.py``:
+    ``conversation``, ``new_tokens``, ``async_load_tokens``, ``kill_on_load``)."""
     spec = {"model": str(model), "servers": servers, "prompts": prompts, "policy": policy,
-            "tp": tp, "block_size": BLOCK, "new_tokens": NEW_TOKENS}
+            "tp": tp, "block_size": BLOCK, "new_tokens": NEW_TOKENS, **more}
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(log.parent / "vc"))
     if tp > 1:
@@ -102,11 +104,44 @@ def test_a_fresh_engine_gets_the_prefix_from_gcache(models, gcache, tmp_path, na
     assert_same_output(second, reference)
     # the hybrid allocator stays on, and the sliding group is first or second by model
     assert connector_groups(tmp_path / "second.log") == GROUPS[name]
-    if name == "llama":            # a server dies between runs: a recompute, not a failure
-        gcache.kill(0)
-        third = run(path, gcache.addresses, [ids], log=tmp_path / "third.log")["results"][0]
-        assert third["cached"] < hit_of(ids)                   # what the live server held
+    if name == "llama":            # a server dies mid-transfer: a recompute, not a failure
+        third = run(path, gcache.addresses, [ids], log=tmp_path / "third.log",
+                    kill_on_load=gcache.servers[0].pid)["results"][0]
+        assert "KILLED" in (tmp_path / "third.log").read_text(errors="replace")
         assert_same_output(third, reference)
+        fourth = run(path, gcache.addresses, [ids], log=tmp_path / "fourth.log")["results"][0]
+        assert fourth["cached"] < hit_of(ids)                  # what the live server holds
+        assert_same_output(fourth, reference)
+
+
+ANSWER = 40                     # tokens per answer: more than a page of it is saved
+
+
+@pytest.mark.parametrize("name,async_load_tokens", [("llama", None), ("llama", 0),
+                                                    ("gemma3", None)],
+                         ids=["llama-sync", "llama-async", "gemma3-hybrid"])
+def test_a_three_turn_conversation_hits_through_each_answer(models, gcache, tmp_path, name,
+                                                           async_load_tokens):
+    """One engine, a chat of three turns: each prompt is the previous prompt, the answer and a
+    new message. Turns 2 and 3 get from GCache the previous prompt and the full pages of its
+    answer (saved when the previous turn finished), and match Hugging Face. Loads are
+    layer by layer (llama-sync), asynchronous with threshold 0 (llama-async), or asynchronous
+    as every hybrid model's are (gemma3)."""
+    path, ids, _ = models[name]
+    messages = [ids, ids[5:25], ids[40:60]]
+    references, prompt = [], []
+    for message in messages:                  # HF's own answers make HF's next prompts
+        prompt = prompt + references[-1][0] + message if references else message
+        references.append(hf_greedy_logprobs(path, prompt, ANSWER))
+    turns = run(path, gcache.addresses, [], conversation=messages, new_tokens=ANSWER,
+                async_load_tokens=async_load_tokens, log=tmp_path / "chat.log")["results"]
+    assert turns[0]["cached"] == 0
+    for previous, turn in zip(turns, turns[1:]):
+        with_answer = (previous["prompt_len"] + ANSWER - 1) // BLOCK * BLOCK   # has KV
+        assert with_answer > previous["prompt_len"]
+        assert turn["cached"] == with_answer, (previous["prompt_len"], turn)
+    for turn, reference in zip(turns, references):
+        assert_same_output(turn, reference)
 
 
 def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(models, gcache,
