@@ -2,8 +2,8 @@
 
 Model layouts read from ``config.json``, chained page keys, the window-safe rule, SWA store
 policies, ``KVStore`` (save, match, layer-by-layer load), ``EnginePages`` (pages under an
-engine's own keys, straight from its memory), the weights' fingerprint that keys carry and the
-connectors' shared settings. The
+engine's own keys, straight from its memory), the weights' fingerprint that keys carry, the
+connectors' shared settings and the SDK's pinned host staging for copies to and from a GPU. The
 connectors use only the names below.
 """
 
@@ -17,11 +17,12 @@ from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
 from gcache.kv.store import KVStore, Probe, SaveResult
 from gcache.kv.weights import weights_fingerprint
 from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_span
+from gcache.sdk import DONE, PinnedPool, PoolExhausted
 
 __all__ = [
-    "DEFAULT_POLICY", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
-    "LayerGeometry", "LoadHandle", "ModelLayout", "Probe", "SHIPPED_CONFIGS", "SaveResult",
-    "StorePolicy", "client_from_settings", "count_setting", "gcache_settings", "leading", "page_hashes",
-    "page_regions", "policy_from_name", "restorable_prefixes", "safe_boundary", "tail_span",
-    "weights_fingerprint",
+    "DEFAULT_POLICY", "DONE", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
+    "LayerGeometry", "LoadHandle", "ModelLayout", "PinnedPool", "PoolExhausted", "Probe",
+    "SHIPPED_CONFIGS", "SaveResult", "StorePolicy", "client_from_settings", "count_setting",
+    "gcache_settings", "leading", "page_hashes", "page_regions", "policy_from_name",
+    "restorable_prefixes", "safe_boundary", "tail_span", "weights_fingerprint",
 ]

@@ -8,82 +8,31 @@ buffers, on streams of the connector's own, so the forward pass never waits for 
   before it puts the host bytes;
 - a load's host-to-device copy runs on the load stream, and the forward stream waits for its
   event (on the GPU, not the host) before the scatter that uses the bytes.
-Pinned buffers come from a ``PinnedPool``: one per size class (powers of two), reused once the
-copy that used them has finished, so a steady workload allocates nothing after warm-up. On a
+Pinned buffers come from ``gcache.kv.PinnedPool`` (the SDK's): one per size class (powers of two),
+reused once the copy that used them has finished, so a steady workload allocates nothing after
+warm-up, and capped (``pinned_bytes``): a copy that finds no buffer within ``POOL_WAIT_S`` fails
+(a save is skipped and counted, a load recomputed) rather than pin more host memory. On a
 CPU-only engine the same calls are plain tensor operations and nothing is pinned.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 
-MIN_CLASS_BYTES = 64 << 10
+from gcache.kv import DONE, PinnedPool
 
-
-class _Done:
-    """The event of a copy that is already complete (the CPU path)."""
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-
-DONE = _Done()
-
-
-class PinnedPool:
-    """Reusable host buffers by size class; pinned when ``pin`` (a CUDA host)."""
-
-    def __init__(self, *, pin: bool) -> None:
-        self.pin = pin
-        self._free: dict[int, list[Any]] = {}
-        self._pending: list[tuple[Any, Any]] = []          # (buffer, event of its last copy)
-        self._lock = threading.Lock()
-        self.allocated_bytes = 0
-        self.allocations = 0
-
-    def take(self, n_bytes: int) -> Any:
-        """A uint8 view of ``n_bytes`` over a buffer of this pool."""
-        size = max(MIN_CLASS_BYTES, 1 << max(0, n_bytes - 1).bit_length())
-        with self._lock:
-            self._reclaim()
-            free = self._free.get(size)
-            buffer = free.pop() if free else None
-            if buffer is None:
-                self.allocated_bytes += size
-                self.allocations += 1
-        if buffer is None:
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-        return buffer[:n_bytes]
-
-    def give(self, view: Any, *, after: Any = DONE) -> None:
-        """Return a view from ``take``; it is reused once ``after`` (an event) has completed."""
-        base = view._base if view._base is not None else view
-        with self._lock:
-            self._pending.append((base, after))
-
-    def _reclaim(self) -> None:
-        still = []
-        for buffer, event in self._pending:
-            if event.query():
-                self._free.setdefault(buffer.numel(), []).append(buffer)
-            else:
-                still.append((buffer, event))
-        self._pending = still
-
+DEFAULT_PINNED_BYTES = 4 << 30        # host staging one engine may pin (saves and loads)
+POOL_WAIT_S = 1.0                     # a copy waits this long for a buffer, then fails
 
 class Transfers:
     """The copies between one device's KV and host staging (see the module docstring)."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, *, pinned_bytes: int = DEFAULT_PINNED_BYTES) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.pool = PinnedPool(pin=self.cuda)
+        self.pool = PinnedPool(pin=self.cuda, cap_bytes=pinned_bytes)
         self._save_stream = torch.cuda.Stream(device) if self.cuda else None
         self._load_stream = torch.cuda.Stream(device) if self.cuda else None
 
@@ -94,7 +43,7 @@ class Transfers:
         if not self.cuda:
             return flat, DONE
         gathered = torch.cuda.current_stream(self.device).record_event()
-        host = self.pool.take(flat.numel())
+        host = self.pool.take(flat.numel(), timeout_s=POOL_WAIT_S)
         copied = torch.cuda.Event(blocking=True)          # the saver sleeps on it, not spins
         with torch.cuda.stream(self._save_stream):
             self._save_stream.wait_event(gathered)
@@ -113,7 +62,7 @@ class Transfers:
         """A host buffer a load fetches into (pinned from the pool on a CUDA host)."""
         if not self.cuda:
             return torch.empty(n_bytes, dtype=torch.uint8)
-        return self.pool.take(n_bytes)
+        return self.pool.take(n_bytes, timeout_s=POOL_WAIT_S)
 
     def to_device(self, host: Any) -> tuple[Any, Any]:
         """``host`` bytes on the device, ready for work queued next on the current stream, and

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gcache_vllm.paged import PagedLayer
-from gcache_vllm.staging import DONE, PinnedPool, Transfers
+from gcache_vllm.staging import DONE, Transfers
 from gcache_vllm.worker_side import StagingSink
 
 BLOCKS, PAGE, HEADS, HD = 9, 4, 3, 5
@@ -75,33 +75,6 @@ def test_a_gather_off_block_boundaries_and_unknown_layouts_are_refused():
         PagedLayer(torch.zeros(BLOCKS, HEADS, 7, 2 * HD), PAGE, name="layer x")
     with pytest.raises(ValueError, match="FlashInfer"):
         PagedLayer(torch.zeros(3, 3, PAGE, HEADS, HD), PAGE)
-
-
-class _Pending:
-    """A copy's event that has not completed yet (what a busy CUDA stream reports)."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-
-def test_the_pool_reuses_a_buffer_only_after_its_copy_is_done():
-    pool = PinnedPool(pin=False)
-    first = pool.take(100 << 10)
-    assert first.numel() == 100 << 10 and pool.allocations == 1
-    copy = _Pending()
-    pool.give(first, after=copy)
-    second = pool.take(90 << 10)                       # same size class, copy still running
-    assert second.data_ptr() != first.data_ptr() and pool.allocations == 2
-    copy.done = True
-    third = pool.take(120 << 10)
-    assert third.data_ptr() == first.data_ptr() and pool.allocations == 2
-    pool.give(second)
-    pool.give(third)
-    assert pool.take(1).data_ptr() not in (first.data_ptr(), second.data_ptr())  # 64 KiB class
-    assert pool.allocated_bytes == 2 * (128 << 10) + (64 << 10)
 
 
 def test_on_cpu_the_transfers_hand_back_the_rows_own_bytes():

@@ -1,0 +1,109 @@
+"""``PinnedPool``: reusable host buffers for copies to and from a GPU, with a cap.
+
+A DMA between a GPU and host memory needs page-locked (pinned) host memory, and pinning is slow
+(it maps and locks every page): a buffer is pinned once and reused for every copy after, never
+allocated per IO. Buffers come in size classes (powers of two); a returned buffer is reused once
+the event of its last copy has completed. The pool holds at most ``cap_bytes``: a request that
+would pass it waits, up to ``timeout_s``, for a buffer to come back, then raises
+``PoolExhausted`` (the caller counts a miss or a failed save; memory stays bounded). torch is
+imported when the first buffer is made; on a host without CUDA (``pin=False``) the buffers are
+plain host tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gcache.errors import GCacheError
+
+MIN_CLASS_BYTES = 64 << 10
+
+
+class PoolExhausted(GCacheError):
+    """No pinned buffer came free within the wait; the pool is at its cap. A shortage of this
+    host's memory, not a failure of any server."""
+
+
+class _Done:
+    """The event of a copy that is already complete."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+DONE = _Done()
+
+
+def size_class(n_bytes: int) -> int:
+    return max(MIN_CLASS_BYTES, 1 << max(0, n_bytes - 1).bit_length())
+
+
+class PinnedPool:
+    def __init__(self, *, pin: bool, cap_bytes: int) -> None:
+        if cap_bytes < MIN_CLASS_BYTES:
+            raise ValueError(f"cap_bytes={cap_bytes} is below one buffer ({MIN_CLASS_BYTES})")
+        self.pin, self.cap_bytes = pin, cap_bytes
+        self._free: dict[int, list[Any]] = {}
+        self._pending: list[tuple[Any, Any]] = []          # (buffer, event of its last copy)
+        self._lock = threading.Lock()
+        self.allocated_bytes = 0
+        self.allocations = 0
+
+    def take(self, n_bytes: int, *, timeout_s: float | None = None) -> Any:
+        """A uint8 view of ``n_bytes`` over a buffer of this pool. Raises ``ValueError`` for a
+        size over the cap, ``PoolExhausted`` when none came free within ``timeout_s``."""
+        size = size_class(n_bytes)
+        if size > self.cap_bytes:
+            raise ValueError(f"{n_bytes} bytes need a {size}-byte buffer; the pinned pool's cap "
+                             f"is {self.cap_bytes} bytes")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            buffer = self._take_or_reserve(size)
+            if buffer is not None:
+                return buffer[:n_bytes]
+            if self.allocated_bytes + size <= self.cap_bytes or self._evict_for(size):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PoolExhausted(f"no {size}-byte pinned buffer came free in {timeout_s}s "
+                                    f"({self.allocated_bytes} of {self.cap_bytes} bytes held)")
+            time.sleep(0.0005)
+        import torch
+        with self._lock:
+            self.allocated_bytes += size
+            self.allocations += 1
+        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)[:n_bytes]
+
+    def _take_or_reserve(self, size: int) -> Any:
+        with self._lock:
+            self._reclaim()
+            free = self._free.get(size)
+            return free.pop() if free else None
+
+    def _evict_for(self, size: int) -> bool:
+        """Drop free buffers of other classes until ``size`` fits under the cap."""
+        with self._lock:
+            for other, buffers in self._free.items():
+                while buffers and self.allocated_bytes + size > self.cap_bytes:
+                    buffers.pop()
+                    self.allocated_bytes -= other
+            return self.allocated_bytes + size <= self.cap_bytes
+
+    def give(self, view: Any, *, after: Any = DONE) -> None:
+        """Return a view from ``take``; it is reused once ``after`` (an event) has completed."""
+        base = view._base if view._base is not None else view
+        with self._lock:
+            self._pending.append((base, after))
+
+    def _reclaim(self) -> None:
+        still = []
+        for buffer, event in self._pending:
+            if event.query():
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+            else:
+                still.append((buffer, event))
+        self._pending = still
