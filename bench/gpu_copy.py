@@ -5,6 +5,8 @@ own pinned-memory copies of the same size in the same run (the limit: one DMA ea
   ALLOC'd extent, the checksum over the host bytes, COMMIT), against ``pinned.copy_(device)``;
 - ``get_into``: ``Client.get_into`` of a CUDA tensor (LEASE, hash, a host-to-device DMA),
   against ``device.copy_(pinned)``;
+- ``tcp put``/``tcp get_into``: the same over TCP (the client's pinned staging, a DMA, the
+  loopback socket), against the same DMA limits: the socket, not the copy, is what they show;
 - ``vllm save``/``vllm load``: the vLLM connector's staging copies (``staging.Transfers``:
   pinned pool, side streams, events), against the same torch copies.
 Needs a CUDA device (``make gpu-check`` runs it); prints GB/s and ratios and writes
@@ -69,6 +71,11 @@ def main() -> int:
             Client(cluster.addresses, transport="shm", timeout_s=10.0) as client:
         put = timed(lambda: client.put("gpu-bench", value), args.reps, sync)
         get = timed(lambda: client.get_into("gpu-bench", out), args.reps, sync)
+        assert torch.equal(out, value)
+        out.zero_()
+        with Client(cluster.addresses, transport="tcp", timeout_s=10.0) as tcp:
+            tcp_put = timed(lambda: tcp.put("gpu-bench-tcp", value), args.reps, sync)
+            tcp_get = timed(lambda: tcp.get_into("gpu-bench-tcp", out), args.reps, sync)
     assert torch.equal(out, value)
     transfers = Transfers(device)
 
@@ -87,15 +94,17 @@ def main() -> int:
     save_s, load_s = timed(save, args.reps, sync), timed(load, args.reps, sync)
     for name, seconds, limit in (("put (device -> arena)", put, d2h),
                                  ("get_into (arena -> device)", get, h2d),
+                                 ("tcp put (device -> pinned -> socket)", tcp_put, d2h),
+                                 ("tcp get_into (socket -> pinned -> device)", tcp_get, h2d),
                                  ("vllm save staging (device -> pinned)", save_s, d2h),
                                  ("vllm load staging (pinned -> device)", load_s, h2d)):
         rows[name] = {"gb_s": rate(n, seconds), "limit_gb_s": rate(n, limit),
                       "ratio": limit / seconds}
     print(f"gpu copy, {args.size_mib} MiB values, {args.reps} reps, "
           f"{torch.cuda.get_device_name(device)}")
-    print(f"  {'path':40s} {'GB/s':>8s} {'torch pinned GB/s':>18s} {'ratio':>6s}")
+    print(f"  {'path':44s} {'GB/s':>8s} {'torch pinned GB/s':>18s} {'ratio':>6s}")
     for name, row in rows.items():
-        print(f"  {name:40s} {row['gb_s']:8.2f} {row['limit_gb_s']:18.2f} {row['ratio']:6.2f}")
+        print(f"  {name:44s} {row['gb_s']:8.2f} {row['limit_gb_s']:18.2f} {row['ratio']:6.2f}")
     write_results("gpu-copy", {"date": dt.date.today().isoformat(),
                                "device": torch.cuda.get_device_name(device),
                                "size_bytes": n, "reps": args.reps, "paths": rows})

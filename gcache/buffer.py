@@ -4,7 +4,9 @@ Accepted: anything with the buffer protocol (bytes, bytearray, memoryview, mmap,
 and contiguous CPU torch tensors. torch is not imported here: a tensor is recognised by its own
 methods and exposed through its data pointer, which is valid for as long as the caller holds the
 tensor (every SDK call holds it until the IO is done), and works for dtypes numpy lacks (bf16).
-CUDA tensors belong to the shm data path (a later issue) and are refused here with a clear error.
+A CUDA tensor has no host address: ``as_memoryview`` refuses it, and ``as_bytes`` (for the
+callers that hand buffers on to the SDK, whose links copy to and from device memory) passes it
+on as a flat ``uint8`` view of itself, which slices and measures (``len``) like a memoryview.
 """
 
 from __future__ import annotations
@@ -28,6 +30,26 @@ def _tensor_view(tensor: Any, *, what: str) -> memoryview:
         return memoryview(b"")
     array = (ctypes.c_ubyte * n_bytes).from_address(tensor.data_ptr())
     return memoryview(array).cast("B")
+
+
+def is_device_tensor(obj: Any) -> bool:
+    return _is_tensor(obj) and getattr(obj.device, "type", "cpu") != "cpu"
+
+
+def device_bytes(tensor: Any, *, what: str = "value") -> Any:
+    """A device tensor's bytes as a flat ``uint8`` tensor: a view, no copy."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} is a non-contiguous {tensor.device} tensor of shape "
+                         f"{tuple(tensor.shape)}; buffers must be contiguous")
+    import torch                                    # the caller has it: it made the tensor
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def as_bytes(obj: Any, *, writable: bool, what: str = "value") -> Any:
+    """``as_memoryview`` for host buffers; ``device_bytes`` for a device tensor."""
+    if is_device_tensor(obj):
+        return device_bytes(obj, what=what)
+    return as_memoryview(obj, writable=writable, what=what)
 
 
 def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryview:

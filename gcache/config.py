@@ -151,6 +151,7 @@ class ClientConfig:
     token: str | None = None                # cluster token, when the servers require one
     transport: str = "auto"                 # "auto": shm for same-host servers, else tcp
     vnodes: int = 64                        # virtual nodes per server on the ring
+    cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
     def __post_init__(self) -> None:
         for address in self.servers:
@@ -166,6 +167,8 @@ class ClientConfig:
         _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
         _check("suspect_s", self.suspect_s, self.suspect_s >= 0, "must not be negative")
         _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
+        _check("cuda_staging_bytes", self.cuda_staging_bytes,
+               self.cuda_staging_bytes >= 64 * KiB, "must be at least 64KiB")
         _check("transport", self.transport, self.transport in ("auto", "tcp", "shm"),
                "must be one of auto, tcp, shm")
         for address in self.master:

@@ -31,7 +31,7 @@ from typing import Any
 
 import xxhash
 
-from gcache.buffer import as_memoryview, memory_at
+from gcache.buffer import as_bytes, memory_at
 from gcache.errors import InvalidRequest
 from gcache.kv.window import leading
 
@@ -158,7 +158,7 @@ class EnginePages:
         n_parts = self._check(page_keys, parts)
         if not page_keys:
             return []
-        outs = [as_memoryview(view, writable=True, what="page part")
+        outs = [as_bytes(view, writable=True, what="page part")
                 for page in parts for view in page]
         keys = self._keys(pool, page_keys, n_parts)
         got = self.client.batch_get_into(keys, outs, group=group)

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from gcache.buffer import as_memoryview
+from gcache.buffer import as_bytes
 from gcache.errors import InvalidRequest
 from gcache.kv import page_keys
 from gcache.kv.layer_buffers import KVSink, KVSource
@@ -190,10 +190,12 @@ class KVStore:
                            what="KV")
 
     def _sized(self, buffer: Any, layer: int, start: int, stop: int, *, writable: bool,
-               what: str) -> memoryview:
-        """``buffer`` as bytes, checked to hold exactly tokens ``[start, stop)`` of ``layer``."""
+               what: str) -> Any:
+        """``buffer`` as bytes (a memoryview, or a flat view of a CUDA tensor, which the SDK
+        copies to and from the device itself), checked to hold exactly tokens
+        ``[start, stop)`` of ``layer``."""
         name = f"{what} of layer {layer} tokens [{start}, {stop})"
-        view = as_memoryview(buffer, writable=writable, what=name)
+        view = as_bytes(buffer, writable=writable, what=name)
         expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
         if len(view) != expected:
             raise InvalidRequest(f"{name} is {len(view)} bytes; the layout needs {expected}")

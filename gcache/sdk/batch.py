@@ -24,6 +24,8 @@ from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.routes import Link
 from gcache.sdk.shm_exchange import Extent
+from gcache.sdk.tcp_staging import TcpStaged
+from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 PUT_CHUNK_KEYS = 256      # keys a batch put allocates, copies and commits at a time
@@ -54,11 +56,14 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            def over_tcp(ch: Channel) -> list[Status]:
-                for i in idx:
-                    shm_exchange.needs_shm(ch, values[i], f"values[{i}]")
-                return protocol.batch_put(ch, [keys[i] for i in idx], [values[i] for i in idx],
-                                          [checksum(values[i]) for i in idx], group=placement)
+            def over_tcp(ch: Channel) -> list[Status | Miss]:
+                with TcpStaged(d.cuda_staging) as staged:
+                    try:
+                        sent = [staged.value(values[i], f"values[{i}]") for i in idx]
+                    except PoolExhausted as exc:
+                        return _no_staging(d, len(idx), exc)
+                    return protocol.batch_put(ch, [keys[i] for i in idx], sent,
+                                              [checksum(v) for v in sent], group=placement)
 
             _finish_puts(d, link, idx, d.run(link, over_tcp, len(idx)), values, results)
             return None
@@ -130,12 +135,23 @@ def read_one(d: Dispatcher, key: bytes, out: Any,
     verify = d.config.verify_checksum
 
     def exchange(ch: Channel) -> ReadResult | Status | None:
-        shm_exchange.needs_shm(ch, out, "out")
         if ch.mapping is not None:
             return shm_exchange.read_value(ch, key, out, verify=verify)
-        return protocol.read_value(ch, key, out, verify=verify)
+        with TcpStaged(d.cuda_staging) as staged:
+            target = staged.target(out)
+            return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
 
-    return d.call(d.owner(key, group), exchange)
+    try:
+        return d.call(d.owner(key, group), exchange)
+    except PoolExhausted as exc:                 # the link was closed before any IO on it
+        return _no_staging(d, 1, exc)[0]
+
+
+def _no_staging(d: Dispatcher, n_keys: int, exc: Exception) -> list[Miss]:
+    """Misses for CUDA buffers that found no pinned staging within the IO timeout."""
+    d.stats.miss("staging", n_keys)
+    log.warning("sdk.miss reason=staging detail=%s", exc)
+    return [MISS] * n_keys
 
 
 def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
@@ -155,12 +171,17 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         if isinstance(link, Miss):
             return None
         if link.mapping is None:
-            def over_tcp(ch: Channel) -> list[ReadResult | Status | None]:
-                targets = None if outs is None else [outs[i] for i in idx]
-                for i, target in zip(idx, targets or ()):
-                    shm_exchange.needs_shm(ch, target, f"outs[{i}]")
-                return protocol.batch_read_values(ch, [keys[i] for i in idx], targets,
-                                                  verify=verify)
+            def over_tcp(ch: Channel) -> list[ReadResult | Status | None | Miss]:
+                with TcpStaged(d.cuda_staging) as staged:
+                    try:
+                        targets = None if outs is None else \
+                            [staged.target(outs[i], f"outs[{i}]") for i in idx]
+                    except PoolExhausted as exc:
+                        return _no_staging(d, len(idx), exc)
+                    found = protocol.batch_read_values(ch, [keys[i] for i in idx], targets,
+                                                       verify=verify)
+                    return found if targets is None else \
+                        [staged.land(t, r) for t, r in zip(targets, found)]
 
             found = d.run(link, over_tcp, len(idx))
             if not isinstance(found, Miss):

@@ -32,8 +32,10 @@ from gcache.sdk.dispatch import MISS, Dispatcher
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel
+from gcache.sdk.tcp_staging import TcpStaged
 from gcache.transport.cuda import is_cuda_tensor
 from gcache.transport.master_rpc import MasterLink, parse_masters
+from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +128,19 @@ class Client:
         placement = group_hash(group)
 
         def exchange(ch: Channel) -> Status:
-            shm_exchange.needs_shm(ch, value, "value")
             if ch.mapping is not None:
                 return shm_exchange.write_value(ch, key, value, group=placement)
-            return protocol.put(ch, key, value, io_size=self.config.io_size, group=placement)
+            with TcpStaged(self._d.cuda_staging) as staged:    # a CUDA value: a host copy
+                return protocol.put(ch, key, staged.value(value), io_size=self.config.io_size,
+                                    group=placement)
 
-        return put_outcome(self._stats, self._d.call(self._d.owner(key, group), exchange),
-                           shm_exchange.size_of(value))
+        try:
+            status = self._d.call(self._d.owner(key, group), exchange)
+        except PoolExhausted as exc:             # the link was closed before any IO on it
+            self._stats.miss("staging")
+            log.warning("sdk.miss reason=staging detail=%s", exc)
+            return False
+        return put_outcome(self._stats, status, shm_exchange.size_of(value))
 
     def get(self, key: Any, *, group: Any = None) -> bytes | None:
         """The value of ``key`` as bytes, or None on a miss of any cause."""

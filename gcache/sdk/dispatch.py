@@ -9,6 +9,7 @@ marked suspect and its route forgotten, and the caller gets ``MISS``. ``Client``
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -66,6 +67,17 @@ class Dispatcher:
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
                                idle_max=config.io_threads + 1)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io")
+        self._cuda_staging: Any = None
+        self._staging_lock = threading.Lock()
+
+    def cuda_staging(self) -> Any:
+        """This client's pinned staging for CUDA tensors on TCP links (made on first use)."""
+        with self._staging_lock:
+            if self._cuda_staging is None:
+                from gcache.transport.cuda_staging import CudaStaging
+                self._cuda_staging = CudaStaging(cap_bytes=self.config.cuda_staging_bytes,
+                                                 wait_s=self.config.timeout_s)
+            return self._cuda_staging
 
     def close(self) -> None:
         self._io.shutdown(wait=True)

@@ -52,13 +52,6 @@ def check_window(extent: Extent) -> None:
         raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
 
 
-def needs_shm(ch: Channel, buffer: Any, what: str) -> None:
-    """Refuse a CUDA tensor on a TCP link (TypeError): only a mapped arena can DMA to it."""
-    if ch.mapping is None and is_cuda_tensor(buffer):
-        raise TypeError(f"{what} is a CUDA tensor; that needs a same-host server (transport "
-                        f"'shm'), and {ch.conn.peer} is reached over TCP")
-
-
 def size_of(target: Any) -> int:
     """Bytes in a buffer view or a CUDA tensor."""
     return cuda_nbytes(target) if is_cuda_tensor(target) else len(target)

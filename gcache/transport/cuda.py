@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gcache.buffer import device_bytes
 from gcache.keys import Hasher
 from gcache.transport.shm import ArenaMapping
 
@@ -20,15 +21,6 @@ _REGISTER_PORTABLE = 0x01
 def is_cuda_tensor(obj: Any) -> bool:
     return (type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda")
             and bool(obj.is_cuda))
-
-
-def _flat_bytes(tensor: Any, what: str) -> Any:
-    import torch
-
-    if not tensor.is_contiguous():
-        raise ValueError(f"{what} is a non-contiguous CUDA tensor of shape "
-                         f"{tuple(tensor.shape)}; buffers must be contiguous")
-    return tensor.view(-1).view(torch.uint8)
 
 
 def _register(mapping: ArenaMapping) -> None:
@@ -62,14 +54,14 @@ def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
     source = _host_view(mapping, offset, length)
     if hasher is not None:
         hasher.update(memoryview(mapping.array[offset:offset + length]))
-    _flat_bytes(out, "out")[:length].copy_(source, non_blocking=False)
+    device_bytes(out, what="out")[:length].copy_(source, non_blocking=False)
 
 
 def write_from_cuda(mapping: ArenaMapping, offset: int, value: Any,
                     hasher: Hasher | None) -> None:
     """Copy the CUDA tensor ``value`` into the arena at ``offset``."""
     _register(mapping)
-    flat = _flat_bytes(value, "value")
+    flat = device_bytes(value, what="value")
     _host_view(mapping, offset, flat.numel()).copy_(flat, non_blocking=False)
     if hasher is not None:
         hasher.update(memoryview(mapping.array[offset:offset + flat.numel()]))

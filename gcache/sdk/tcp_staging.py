@@ -1,0 +1,53 @@
+"""CUDA buffers of one TCP exchange, through the client's pinned staging
+(``gcache.transport.cuda_staging``): host stand-ins for the exchange, landed on the device after
+a read, given back to the pool at the end. Same-host links never come here: they DMA between the
+tensor and the server's arena directly."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from gcache.buffer import as_memoryview
+from gcache.sdk.protocol import ReadResult
+from gcache.transport.cuda import is_cuda_tensor
+
+
+class TcpStaged:
+    def __init__(self, staging: Callable[[], Any]) -> None:
+        self._staging = staging                   # made on first use: torch only then
+        self._hosts: list[Any] = []
+        self._targets: dict[int, tuple[Any, Any]] = {}   # id(host view) -> (host, CUDA out)
+
+    def __enter__(self) -> TcpStaged:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for host in self._hosts:
+            self._staging().give(host)
+        self._hosts, self._targets = [], {}
+
+    def value(self, value: Any, what: str = "value") -> Any:
+        """``value`` itself, or for a CUDA tensor a host copy of it."""
+        if not is_cuda_tensor(value):
+            return value
+        host = self._staging().to_host(value, what)
+        self._hosts.append(host)
+        return as_memoryview(host, writable=False, what=what)
+
+    def target(self, out: Any, what: str = "out") -> Any:
+        """``out`` itself, or for a CUDA tensor a host buffer to receive into."""
+        if not is_cuda_tensor(out):
+            return out
+        host = self._staging().host_for(out)
+        self._hosts.append(host)
+        view = as_memoryview(host, writable=True, what=what)
+        self._targets[id(view)] = (host, out)
+        return view
+
+    def land(self, target: Any, result: Any) -> Any:
+        """After a read into ``target``: a CUDA out gets its bytes (checksum good only)."""
+        staged = self._targets.get(id(target))
+        if staged is not None and isinstance(result, ReadResult) and result.checksum_ok:
+            host, out = staged
+            self._staging().to_device(host, out, result.length)
+        return result
