@@ -6,7 +6,10 @@ attention backend; ``PagedLayer`` recognises three layouts from the tensor's sha
 them as views of ``[blocks, block_tokens, heads, width]`` whose widths add up to K‖V:
 - the CPU backend: ``[blocks, heads, block_tokens, 2 * head_size]`` (one view, K‖V per head);
 - FlashAttention and the other CUDA backends: ``[2, blocks, block_tokens, heads, head_size]``;
-- FlashInfer: ``[blocks, 2, block_tokens, heads, head_size]``.
+- FlashInfer: ``[blocks, 2, block_tokens, heads, head_size]``;
+- the diff-KV backends (K and V of different head sizes): ``[blocks, heads, block_tokens,
+  head_size + head_size_v]``, read as the CPU layout is;
+- MLA: ``[blocks, block_tokens, kv_lora_rank + qk_rope_head_dim]``, one latent "head".
 (A 5-D tensor with two blocks and its first two dimensions both 2 is read as FlashAttention's.)
 
 A save gathers whole blocks with ``index_select`` on the tensor's device (saves are of whole
@@ -83,6 +86,8 @@ class PagedLayer:
 
 def _token_views(tensor: Any, page: int, name: str) -> list[Any]:
     shape = tuple(tensor.shape)
+    if tensor.dim() == 3 and shape[1] == page:
+        return [tensor.unsqueeze(2)]
     if tensor.dim() == 4 and shape[2] == page:
         return [tensor.transpose(1, 2)]
     if tensor.dim() == 5 and shape[2] == page:
@@ -91,6 +96,7 @@ def _token_views(tensor: Any, page: int, name: str) -> list[Any]:
         if shape[1] == 2:
             return [tensor[:, 0], tensor[:, 1]]
     raise ValueError(f"{name}: KV tensor of shape {shape} with {page}-token blocks; gcache_vllm "
-                     "reads vLLM's [blocks, heads, block_tokens, K‖V] (CPU), "
+                     "reads vLLM's [blocks, heads, block_tokens, K‖V] (CPU, diff-KV), "
+                     "[blocks, block_tokens, latent] (MLA), "
                      "[2, blocks, block_tokens, heads, head_size] (FlashAttention) and "
                      "[blocks, 2, block_tokens, heads, head_size] (FlashInfer) layouts")
