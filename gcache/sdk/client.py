@@ -33,7 +33,7 @@ from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel
 from gcache.sdk.tcp_staging import TcpStaged
-from gcache.transport.cuda import is_cuda_tensor
+from gcache.transport.cuda import after_callers_work, is_cuda_tensor
 from gcache.transport.master_rpc import MasterLink, parse_masters
 from gcache.transport.pinned import PoolExhausted
 
@@ -95,7 +95,11 @@ class Client:
 
     def _value(self, value: Any, what: str = "value") -> Any:
         """A flat byte view of ``value`` (or the CUDA tensor itself), size-checked."""
-        view = value if is_cuda_tensor(value) else as_memoryview(value, writable=False, what=what)
+        if is_cuda_tensor(value):
+            after_callers_work(value)
+            view = value
+        else:
+            view = as_memoryview(value, writable=False, what=what)
         size = shm_exchange.size_of(view)
         if size == 0:
             raise ValueError(f"{what} is empty; a value is 1..{self.config.max_value_size} bytes")
@@ -106,7 +110,10 @@ class Client:
 
     @staticmethod
     def _out(out: Any, what: str = "out") -> Any:
-        return out if is_cuda_tensor(out) else as_memoryview(out, writable=True, what=what)
+        if is_cuda_tensor(out):
+            after_callers_work(out)          # its kernels still reading what is overwritten
+            return out
+        return as_memoryview(out, writable=True, what=what)
 
     @staticmethod
     def _group(group: Any) -> bytes | None:

@@ -23,6 +23,14 @@ def is_cuda_tensor(obj: Any) -> bool:
             and bool(obj.is_cuda))
 
 
+def after_callers_work(tensor: Any) -> None:
+    """Wait, on the caller's thread, for the work it queued on its current stream: the copies
+    run on the SDK's IO threads, whose streams do not see the caller's."""
+    import torch
+
+    torch.cuda.current_stream(tensor.device).synchronize()
+
+
 def _register(mapping: ArenaMapping) -> None:
     if mapping.cuda_registered:
         return

@@ -4,8 +4,9 @@ A TCP socket reads and writes host memory, so a CUDA tensor on a TCP link is sta
 it device-to-host into a pinned buffer and sends that buffer; a read receives into a pinned buffer
 and copies it host-to-device. The buffers come from one ``PinnedPool`` per client (allocated once,
 reused, capped: ``ClientConfig.cuda_staging_bytes``), and the copies run on one CUDA stream per
-device of the client's own, after the work the caller queued on its current stream (the stream
-waits for it), and are complete when these calls return. The checksum is the TCP path's own,
+device of the client's own, after the work the caller queued (the client waits for the caller's
+stream when the call is made, on the caller's thread: these copies run on IO threads), and are
+complete when these calls return. The checksum is the TCP path's own,
 computed once over the host bytes as they are sent or received. torch is imported when the first
 CUDA tensor arrives.
 """
@@ -41,7 +42,6 @@ class CudaStaging:
         flat = device_bytes(tensor, what=what)
         host = self.pool.take(flat.numel(), timeout_s=self.wait_s)
         stream = self._stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))   # the caller's writes
         with torch.cuda.stream(stream):
             host.copy_(flat, non_blocking=True)
         stream.synchronize()
@@ -56,7 +56,6 @@ class CudaStaging:
         import torch
         flat = device_bytes(tensor, what=what)
         stream = self._stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))   # the caller's reads
         with torch.cuda.stream(stream):
             flat[:n_bytes].copy_(host[:n_bytes], non_blocking=True)
         stream.synchronize()

@@ -5,7 +5,9 @@ A DMA between a GPU and host memory needs page-locked (pinned) host memory, and 
 allocated per IO. Buffers come in size classes (powers of two); a returned buffer is reused once
 the event of its last copy has completed. The pool holds at most ``cap_bytes``: a request that
 would pass it waits, up to ``timeout_s``, for a buffer to come back, then raises
-``PoolExhausted`` (the caller counts a miss or a failed save; memory stays bounded). torch is
+``PoolExhausted`` (the caller counts a miss or a failed save; memory stays bounded). Free
+buffers of other size classes are dropped to make room; torch's own pinned-memory cache keeps
+what they held for later pins, so the process's pinned memory can reach about twice the cap. torch is
 imported when the first buffer is made; on a host without CUDA (``pin=False``) the buffers are
 plain host tensors.
 """
@@ -55,43 +57,51 @@ class PinnedPool:
         self.allocations = 0
 
     def take(self, n_bytes: int, *, timeout_s: float | None = None) -> Any:
-        """A uint8 view of ``n_bytes`` over a buffer of this pool. Raises ``ValueError`` for a
-        size over the cap, ``PoolExhausted`` when none came free within ``timeout_s``."""
+        """A uint8 view of ``n_bytes`` over a buffer of this pool. Raises ``PoolExhausted``
+        when none came free within ``timeout_s`` (at once for a size the cap can never
+        hold)."""
         size = size_class(n_bytes)
         if size > self.cap_bytes:
-            raise ValueError(f"{n_bytes} bytes need a {size}-byte buffer; the pinned pool's cap "
-                             f"is {self.cap_bytes} bytes")
+            raise PoolExhausted(f"{n_bytes} bytes need a {size}-byte buffer; the pinned pool's "
+                                f"cap is {self.cap_bytes} bytes")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            buffer = self._take_or_reserve(size)
+            with self._lock:
+                buffer, reserved = self._reuse_or_reserve(size)
             if buffer is not None:
                 return buffer[:n_bytes]
-            if self.allocated_bytes + size <= self.cap_bytes or self._evict_for(size):
+            if reserved:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise PoolExhausted(f"no {size}-byte pinned buffer came free in {timeout_s}s "
                                     f"({self.allocated_bytes} of {self.cap_bytes} bytes held)")
             time.sleep(0.0005)
         import torch
-        with self._lock:
-            self.allocated_bytes += size
-            self.allocations += 1
-        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)[:n_bytes]
+        try:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)[:n_bytes]
+        except BaseException:
+            with self._lock:                             # pinning failed: no buffer to count
+                self.allocated_bytes -= size
+                self.allocations -= 1
+            raise
 
-    def _take_or_reserve(self, size: int) -> Any:
-        with self._lock:
-            self._reclaim()
-            free = self._free.get(size)
-            return free.pop() if free else None
-
-    def _evict_for(self, size: int) -> bool:
-        """Drop free buffers of other classes until ``size`` fits under the cap."""
-        with self._lock:
-            for other, buffers in self._free.items():
-                while buffers and self.allocated_bytes + size > self.cap_bytes:
-                    buffers.pop()
-                    self.allocated_bytes -= other
-            return self.allocated_bytes + size <= self.cap_bytes
+    def _reuse_or_reserve(self, size: int) -> tuple[Any, bool]:
+        """(a free buffer of ``size``, False), or (None, whether ``size`` bytes were reserved
+        under the cap for a new one, dropping free buffers of other classes if need be).
+        Called with the lock held."""
+        self._reclaim()
+        free = self._free.get(size)
+        if free:
+            return free.pop(), False
+        for other, buffers in self._free.items():
+            while buffers and self.allocated_bytes + size > self.cap_bytes:
+                buffers.pop()           # torch's host allocator keeps it for later pins
+                self.allocated_bytes -= other
+        if self.allocated_bytes + size > self.cap_bytes:
+            return None, False
+        self.allocated_bytes += size
+        self.allocations += 1
+        return None, True
 
     def give(self, view: Any, *, after: Any = DONE) -> None:
         """Return a view from ``take``; it is reused once ``after`` (an event) has completed."""

@@ -49,8 +49,8 @@ def test_at_its_cap_the_pool_waits_for_a_buffer_then_gives_up():
     threading.Timer(0.05, pool.give, args=(a,)).start()   # comes back while the take waits
     c = pool.take(100 * KIB, timeout_s=5.0)
     assert c.data_ptr() == a.data_ptr() and pool.allocations == 2
-    with pytest.raises(ValueError, match="cap"):
-        pool.take(300 * KIB)                               # can never fit
+    with pytest.raises(PoolExhausted, match="cap"):
+        pool.take(300 * KIB)                               # can never fit: at once
     pool.give(b, after=DONE)
     pool.give(c)
     small = pool.take(64 * KIB)                            # another class: free ones make room

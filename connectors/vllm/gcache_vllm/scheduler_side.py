@@ -4,7 +4,8 @@ what to save each step and when a request ends.
 A hit is ``KVStore.match``: the largest page boundary where every full-attention page and every
 sliding layer's window tail exist (``gcache.kv``'s window-safe rule), capped so that the last
 prompt token is always computed. The probe runs on a thread of its own and the scheduler waits
-for it one IO timeout at most; a slower probe is a miss for that request. Probes are remembered
+for it one IO timeout at most; a slower probe is a miss for that request, and while
+``PROBE_THREADS`` probes are still stuck (dead servers) the next is a miss without waiting. Probes are remembered
 per request, because vLLM may ask again in a later step; they are forgotten when the request is
 scheduled or ends.
 
@@ -42,6 +43,7 @@ log = get_logger(__name__)
 
 DEFAULT_ASYNC_LOAD_TOKENS = 2048
 FINISH_WAIT_S = 5.0
+PROBE_THREADS = 4             # probes stuck on dead servers before the next is a miss at once
 
 
 @dataclass
@@ -64,7 +66,8 @@ class SchedulerSide:
         self.probe_timeout_s, self.same_host = probe_timeout_s, same_host
         self.async_load_tokens, self.finish_wait_s = async_load_tokens, finish_wait_s
         self.always_async = always_async
-        self._prober = ThreadPoolExecutor(1, thread_name_prefix="gcache-vllm-probe")
+        self._prober = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="gcache-vllm-probe")
+        self._probing: set[Any] = set()             # futures not done yet
         self._hits: dict[str, int] = {}             # req id -> matched tokens
         self._asynchronous: dict[str, bool] = {}    # req id -> its hit would load async
         self._loads: dict[str, tuple[int, int]] = {}   # req id -> (hit, tokens vLLM had)
@@ -105,7 +108,13 @@ class SchedulerSide:
         limit = (len(prompt) - 1) // self.page * self.page if prompt else 0
         if limit <= 0:
             return 0
+        self._probing = {f for f in self._probing if not f.done()}
+        if len(self._probing) >= PROBE_THREADS:     # each stuck on a dead server: do not queue
+            self.counters["lookup_timeouts"] += 1
+            log.warning("gcache: %d probes still stuck; %s is a miss", len(self._probing), req_id)
+            return 0
         future = self._prober.submit(self.store.match, prompt[:limit])
+        self._probing.add(future)
         try:
             return future.result(timeout=self.probe_timeout_s)
         except FutureTimeout:
@@ -173,6 +182,12 @@ class SchedulerSide:
                 continue
             if req_id in resumed:                    # preempted and back: a new block table
                 tracked.block_ids = [list(g) for g in new_ids]
+                self._hits.pop(req_id, None)
+                self._asynchronous.pop(req_id, None)
+                hit, skip = self._loads.pop(req_id, (0, 0))   # matched again on its way back
+                if hit:
+                    meta.loads.append(LoadSpec(req_id, tracked.prompt[:hit], skip,
+                                               tuple(list(g) for g in new_ids)))
             else:
                 for group, ids in zip(tracked.block_ids, new_ids):
                     group.extend(ids)

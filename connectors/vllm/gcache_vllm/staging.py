@@ -10,8 +10,9 @@ buffers, on streams of the connector's own, so the forward pass never waits for 
   event (on the GPU, not the host) before the scatter that uses the bytes.
 Pinned buffers come from ``gcache.kv.PinnedPool`` (the SDK's): one per size class (powers of two),
 reused once the copy that used them has finished, so a steady workload allocates nothing after
-warm-up, and capped (``pinned_bytes``): a copy that finds no buffer within ``POOL_WAIT_S`` fails
-(a save is skipped and counted, a load recomputed) rather than pin more host memory. On a
+warm-up, and capped (``pinned_bytes``): a copy that finds no buffer free at once fails (a save is
+skipped and counted, a load recomputed) rather than pin more host memory or hold up the forward
+pass, which is the thread that asks. On a
 CPU-only engine the same calls are plain tensor operations and nothing is pinned.
 """
 
@@ -24,7 +25,7 @@ import torch
 from gcache.kv import DONE, PinnedPool
 
 DEFAULT_PINNED_BYTES = 4 << 30        # host staging one engine may pin (saves and loads)
-POOL_WAIT_S = 1.0                     # a copy waits this long for a buffer, then fails
+POOL_WAIT_S = 0.0                     # the forward pass never waits for a buffer
 
 class Transfers:
     """The copies between one device's KV and host staging (see the module docstring)."""

@@ -241,8 +241,10 @@ class WorkerSide:
                 return
             self._failed_requests.add(spec.req_id)
             return
+        page = self.layout.page_size        # blocks before skip_tokens are vLLM's own (shared)
         self._load_errors.update(b for group in spec.block_ids
-                                 for b in group[:len(spec.token_ids) // self.layout.page_size]
+                                 for b in group[spec.skip_tokens // page:
+                                                len(spec.token_ids) // page]
                                  if b != NULL_BLOCK)
 
     def take_load_errors(self) -> set[int]:

@@ -24,10 +24,10 @@ def one_process_group():
     init_one_process_group()
 
 
-def saved_engine(tmp_path, cluster, as_transfer_group, prompt, **settings):
+def saved_engine(tmp_path, cluster, as_transfer_group, prompt, *, window=32, **settings):
     """An engine that computed and saved ``prompt``: its config, worker tensors and the save's
     blocks."""
-    config, kv_config, layout = engine_pair(tmp_path, cluster, window=32, **settings)
+    config, kv_config, layout = engine_pair(tmp_path, cluster, window=window, **settings)
     sched = scheduler(config, kv_config)
     connector, tensors = worker(config, kv_config, seed=8)
     as_transfer_group(connector)
@@ -129,3 +129,34 @@ def test_a_probe_slower_than_one_io_timeout_is_a_miss(tmp_path, cluster):
     assert connector.get_num_new_matched_tokens(request("d", list(range(100))), 0) == (0, False)
     assert time.monotonic() - started < 2 * side.probe_timeout_s
     assert side.counters["lookup_timeouts"] == 1
+
+
+def test_a_preempted_request_matched_again_on_its_way_back_gets_its_load(tmp_path, cluster,
+                                                                         as_transfer_group):
+    """vLLM's scheduler sends a resumed request among the cached ones (``resumed_req_ids``,
+    with a new block table), not the new ones; the load it was matched for on its way back
+    must go with it, or vLLM counts unwritten blocks as computed."""
+    from types import SimpleNamespace
+    prompt = list(range(16000, 16100))
+    config, kv_config, _, _, _ = saved_engine(tmp_path, cluster, as_transfer_group, prompt,
+                                              window=None)     # one group: a sync load
+    side = scheduler(config, kv_config).connector.scheduler
+    new = SimpleNamespace(req_id="r", prompt_token_ids=prompt,
+                          block_ids=([1, 2, 3, 4, 5, 6, 7],), num_computed_tokens=0)
+    first = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"r": 100},
+                            scheduled_cached_reqs=SimpleNamespace(
+                                req_ids=[], new_block_ids=[], num_computed_tokens=[],
+                                resumed_req_ids=set()))
+    side.build_meta(first)                                  # computed, then preempted
+    req = request("r", prompt)
+    assert side.matched_tokens(req, 0) == (96, False)
+    side.after_alloc(req, None, 96)
+    table = ([9, 10, 11, 12, 13, 14, 15],)
+    back = SimpleNamespace(scheduled_new_reqs=[], num_scheduled_tokens={"r": 4},
+                           scheduled_cached_reqs=SimpleNamespace(
+                               req_ids=["r"], new_block_ids=[table], num_computed_tokens=[96],
+                               resumed_req_ids={"r"}))
+    meta = side.build_meta(back)
+    loads = [load for load in meta.loads if load.req_id == "r"]
+    assert len(loads) == 1 and len(loads[0].token_ids) == 96 and not loads[0].asynchronous
+    assert loads[0].block_ids == tuple(list(g) for g in table) and loads[0].skip_tokens == 0
