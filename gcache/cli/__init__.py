@@ -131,6 +131,19 @@ def _drain(args: argparse.Namespace) -> int:
     return 1
 
 
+def _topology(args: argparse.Namespace) -> int:
+    from gcache.transport.topology import choose_nics, format_choices, read_topology
+    topology = read_topology(args.sys_root)
+    split = lambda text: [n for n in (text or "").split(",") if n]  # noqa: E731
+    nics = ", ".join(n.name for n in topology.nics) or "none"
+    if not topology.gpus:
+        print(f"no NVIDIA GPU under {args.sys_root}; RDMA NICs: {nics}")
+        return 0
+    print(f"RDMA NICs: {nics}")
+    print(format_choices(choose_nics(topology, allow=split(args.allow), deny=split(args.deny))))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gcache", description="GCache command line")
     parser.add_argument("--log-level", default="WARNING")
@@ -168,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN)")
     drain.add_argument("--wait", type=float, default=300.0, help="seconds to wait for it")
     drain.set_defaults(run=_drain)
+    topology = sub.add_parser("topology", help="which RDMA NIC and CPUs serve each GPU "
+                              "(same PCIe switch, then same NUMA node)")
+    topology.add_argument("--sys-root", default="/sys", help="the sysfs tree to read")
+    topology.add_argument("--allow", help="NIC names that may carry data, comma separated")
+    topology.add_argument("--deny", help="NIC names that never carry data (a front-end NIC)")
+    topology.set_defaults(run=_topology)
     replay.add_parser(sub)
     return parser
 
