@@ -114,11 +114,22 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     return tuple(cpus)
 
 
+def format_cpulist(cpus: Sequence[int]) -> str:
+    """(0, 1, 2, 3, 8, 10, 11) -> ``0-3,8,10-11`` (``parse_cpulist``'s inverse; "-" if none)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs) or "-"
+
+
 def format_choices(choices: Sequence[Choice]) -> str:
     lines = [f"{'gpu':>3s}  {'pci':12s}  {'nic':12s}  {'why':20s}  cpus"]
     for c in choices:
-        cpus = f"{c.cpus[0]}-{c.cpus[-1]} ({len(c.cpus)})" if c.cpus else "-"
-        lines.append(f"{c.gpu:3d}  {c.gpu_pci:12s}  {c.nic or '-':12s}  {c.reason:20s}  {cpus}")
+        lines.append(f"{c.gpu:3d}  {c.gpu_pci:12s}  {c.nic or '-':12s}  {c.reason:20s}  "
+                     f"{format_cpulist(c.cpus)}")
     return "\n".join(lines)
 
 

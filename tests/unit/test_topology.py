@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from gcache.transport.topology import choose_nics, format_choices, parse_cpulist, read_topology
+from gcache.transport.topology import (choose_nics, format_choices, format_cpulist,
+                                       parse_cpulist, read_topology)
 
 GPU, NIC = ("0x10de", "0x030200"), ("0x15b3", "0x020700")
 
@@ -58,7 +59,7 @@ def test_eight_gpus_with_eight_rail_nics_over_two_numa_nodes(tmp_path):
     assert {c.reason for c in choices} == {"same-switch"}
     assert choices[0].cpus == parse_cpulist("0-31,64-95")
     assert choices[7].cpus == parse_cpulist("32-63,96-127") and choices[7].ucx_devices == "mlx5_7:1"
-    assert "same-switch" in format_choices(choices)
+    assert "same-switch" in format_choices(choices) and "0-31,64-95" in format_choices(choices)
 
 
 def test_eight_gpus_sharing_four_nics_take_the_one_under_their_switch(tmp_path):
@@ -104,6 +105,8 @@ def test_a_host_without_rdma_or_gpus_reads_as_empty(tmp_path):
     topology = read_topology(str(tmp_path / "nothing"))
     assert topology.nics == () and topology.gpus == () and choose_nics(topology) == []
     assert parse_cpulist("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
+    assert format_cpulist(parse_cpulist("0-3,8,10-11")) == "0-3,8,10-11"
+    assert format_cpulist(()) == "-"
 
 
 def test_gcache_topology_prints_the_choice_per_gpu(tmp_path, capsys):
