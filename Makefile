@@ -122,8 +122,12 @@ redis:
 	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
+# NIXL (docs/rdma.md) is --no-deps: its metadata asks for CUDA torch, and it imports and runs
+# without torch or CUDA. Only the bench needs it until the NIXL data path lands (then make test).
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
+	$(PIP) install -q --no-deps nixl-cu12==1.5.1
+	$(PY) bench/nixl_bare.py
 	$(PY) bench/tiers.py
 	$(PY) bench/master.py
 	$(PY) bench/update_readme.py
