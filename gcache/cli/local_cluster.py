@@ -42,7 +42,13 @@ class LocalCluster:
 
     def __init__(self, n_servers: int = 2, *, memory: str = "256MiB",
                  server_args: tuple[str, ...] = (), log_dir: str | None = None,
-                 ready_timeout_s: float = 30.0, master: str | None = None) -> None:
+                 ready_timeout_s: float = 30.0, master: str | None = None,
+                 hosts: list[tuple[str, str]] | None = None) -> None:
+        """``hosts``: per server, a network namespace and the address it listens on there
+        (``ip netns exec``: the server's PID is the Popen's), instead of 127.0.0.1."""
+        if hosts is not None and len(hosts) != n_servers:
+            raise ValueError(f"{len(hosts)} hosts for {n_servers} servers")
+        self.hosts = hosts
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
@@ -67,7 +73,8 @@ class LocalCluster:
 
     def start(self) -> None:
         for server in self.servers:
-            self._launch(server, listen="127.0.0.1:0")
+            ip = self.hosts[server.index][1] if self.hosts else "127.0.0.1"
+            self._launch(server, listen=f"{ip}:0")
         for server in self.servers:
             self._wait_ready(server)
 
@@ -75,6 +82,8 @@ class LocalCluster:
         log = open(server.log_path, "ab")
         cmd = [sys.executable, "-m", "gcache.server.main", "--listen", listen,
                "--shm-name", server.shm_name, *server.args]
+        if self.hosts:
+            cmd = ["ip", "netns", "exec", self.hosts[server.index][0], *cmd]
         server.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         server.extra["log_offset"] = os.path.getsize(server.log_path)

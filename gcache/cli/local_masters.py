@@ -19,15 +19,15 @@ from dataclasses import dataclass
 READY = "gcache-master ready listen="
 
 
-def free_port() -> int:
-    """A port that is free now, chosen below the kernel's ephemeral range, so that no outgoing
-    connection's source port takes it between this check and the member's bind."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` that is free now, chosen below the kernel's ephemeral range, so that
+    no outgoing connection's source port takes it between this check and the member's bind."""
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(max(1024, low - 12000), low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((host, port))
             except OSError:
                 continue
             return port
@@ -56,15 +56,17 @@ class MasterProcess:
 
 
 class LocalMasters:
-    """``n`` masters (1, 3 or 5) on 127.0.0.1. A context manager."""
+    """``n`` masters (1, 3 or 5) on 127.0.0.1 (or on ``host``, an address of this network
+    namespace). A context manager."""
 
     def __init__(self, n: int = 3, *, args: tuple[str, ...] = (), env: dict | None = None,
-                 log_dir: str | None = None, ready_timeout_s: float = 30.0) -> None:
+                 log_dir: str | None = None, ready_timeout_s: float = 30.0,
+                 host: str = "127.0.0.1") -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-masters-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.args, self.env, self.ready_timeout_s = args, env, ready_timeout_s
         self.members = [
-            MasterProcess(i, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+            MasterProcess(i, f"{host}:{free_port(host)}", f"{host}:{free_port(host)}",
                           os.path.join(self.log_dir, f"m{i}"),
                           os.path.join(self.log_dir, f"master-{i}.log"))
             for i in range(n)]

@@ -30,7 +30,9 @@ COPY_CHUNK = 1 << 20
 
 
 def host_id() -> str:
-    """An id equal for every process on this host and boot (machine-id and boot id)."""
+    """An id equal for every process on this host and boot (machine-id and boot id) in one
+    network namespace: processes in two namespaces (containers, or the tests' network hosts)
+    reach each other over an interface, so they are two hosts to the transport."""
     parts = []
     for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
         try:
@@ -39,6 +41,10 @@ def host_id() -> str:
         except OSError:
             parts.append("")
     parts.append(socket.gethostname())
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        parts.append("")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
