@@ -1,9 +1,10 @@
 """Hosts as network namespaces: ``NetworkHosts(n)`` makes ``n`` namespaces, each with one end of
 a veth pair whose other end is on a bridge in the test's own namespace, so that processes in them
-talk over a real interface with an address of its own (``10.R.S.i/24``; the test process is
-``.254``) instead of loopback. Everything it creates is removed on exit, by name. Needs root and
-``ip``; ``available()`` says whether this machine can (the tests skip with the reason if not).
-Names carry the test process's PID, so concurrent runs never share one."""
+talk over a real interface with an address of its own (``198.18.X.i/24``, the benchmarking range
+that no real network routes; the test process is ``.254``) instead of loopback. It removes
+exactly what it created, by name, on exit. Needs root and ``ip``; ``available()`` says whether
+this machine can (the tests skip with the reason if not). Names and subnets derive from one tag
+claimed at creation: a name another run holds is skipped, never removed."""
 
 from __future__ import annotations
 
@@ -16,42 +17,65 @@ _made = itertools.count()
 
 
 def available() -> str | None:
-    """None when namespaces can be made here, else why not."""
+    """None when namespaces, bridges and ``ip netns exec`` work here, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "no 'ip' command (iproute2)"
     probe = f"gcache-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+    steps = [["netns", "add", probe], ["netns", "exec", probe, "true"],
+             ["link", "add", f"gcq{os.getpid() % 100000}", "type", "bridge"]]
+    try:
+        for step in steps:
+            done = subprocess.run(["ip", *step], capture_output=True, text=True, timeout=30)
+            if done.returncode:
+                return f"ip {' '.join(step[:2])} failed: {done.stderr.strip()}"
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", f"gcq{os.getpid() % 100000}"],
+                       capture_output=True, timeout=30)
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
 class NetworkHosts:
     def __init__(self, n: int) -> None:
-        pid = os.getpid()
-        tag = f"{pid % 10000:04d}{next(_made) % 10}"
-        self.bridge = f"gcb{tag}"
-        self.names = [f"gcache-{tag}-{i}" for i in range(n)]
-        self._veths = [f"gcv{tag}{i}" for i in range(n)]
-        subnet = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
-        self.addresses = [f"{subnet}.{i + 1}" for i in range(n)]
+        self.n = n
+        self._created: list[tuple[str, ...]] = []    # undo commands, in creation order
+
+    def _claim(self) -> None:
+        """A tag whose bridge name is free (created here: the claim); names and subnet follow."""
+        for _ in range(50):
+            number = (os.getpid() * 10 + next(_made)) % 512
+            self.bridge = f"gcbr{number}"          # the number is the claim: one run each
+            if subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"],
+                              capture_output=True, timeout=30).returncode == 0:
+                break
+        else:
+            raise RuntimeError("no free bridge name for the test's network hosts")
+        self._created.append(("link", "del", self.bridge))
+        self.names = [f"gcache-net{number}-{i}" for i in range(self.n)]
+        self._veths = [f"gcv{number}x{i}" for i in range(self.n)]
+        subnet = f"198.{18 + number // 256}.{number % 256}"
+        self.addresses = [f"{subnet}.{i + 1}" for i in range(self.n)]
         self.own_address = f"{subnet}.254"
 
     def __enter__(self) -> NetworkHosts:
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
+            self._claim()
             _ip("addr", "add", f"{self.own_address}/24", "dev", self.bridge)
+            # bridged frames skip iptables (a Docker host's FORWARD policy would drop them)
+            subprocess.run(["ip", "link", "set", self.bridge, "type", "bridge",
+                            "nf_call_iptables", "0"], capture_output=True, timeout=30)
             _ip("link", "set", self.bridge, "up")
             for name, veth, address in zip(self.names, self._veths, self.addresses):
                 _ip("netns", "add", name)
+                self._created.append(("netns", "del", name))
                 _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+                self._created.append(("link", "del", veth))
                 _ip("link", "set", f"{veth}p", "netns", name)
                 _ip("link", "set", veth, "master", self.bridge, "up")
                 _ip("-n", name, "link", "set", "lo", "up")
@@ -63,9 +87,9 @@ class NetworkHosts:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name in self.names:                  # removing a namespace removes its veth pair
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+        for undo in reversed(self._created):      # a veth already gone with its namespace fails
+            subprocess.run(["ip", *undo], capture_output=True, timeout=30)
+        self._created = []
 
     def hosts(self) -> list[tuple[str, str]]:
         """(namespace, address) per host: ``LocalCluster(hosts=...)``."""

@@ -14,19 +14,23 @@ node) and halves what the rail can carry. For each GPU, in order of preference:
 
 What is read: ``class/infiniband/<nic>/device`` (a link to the NIC's PCI device),
 ``bus/pci/devices/<address>`` with ``vendor`` and ``class`` (NVIDIA display and 3D controllers
-are GPUs, in PCI address order: CUDA's ``PCI_BUS_ID`` order), each device's ``numa_node``, and
-``devices/system/node/node<N>/cpulist``. A PCI device's path under ``devices/`` lists the
-bridges above it, so two devices under one switch share the path below the root port.
+are GPUs, in PCI address order: CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no
+``CUDA_VISIBLE_DEVICES``; a GPU bound to ``vfio-pci`` is counted too), each device's
+``numa_node``, and ``devices/system/node/node<N>/cpulist``. A PCI device's path under
+``devices/`` lists the bridges above it, so two devices under one switch share the path below
+the root port. (Behind Intel VMD every device shares the VMD domain's path: all look alike.)
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 NVIDIA = "0x10de"
+PCI_ROOT = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")      # devices/pci0000:00
 GPU_CLASSES = ("0x0300", "0x0302")       # VGA and 3D controllers
 
 
@@ -93,8 +97,12 @@ def choose_nics(topology: Topology, *, allow: Sequence[str] = (),
         reason, nic = "none", None
         for reason, candidates in tiers:
             if candidates:
-                nic = min(candidates, key=lambda n: (-_shared_depth(n, gpu), used[n.name],
-                                                     n.name))
+                if reason == "same-switch":     # the deepest common switch: the nearest NIC
+                    nic = min(candidates, key=lambda n: (-_shared_depth(n, gpu), used[n.name],
+                                                         n.name))
+                else:                           # the least used, nearest among equals
+                    nic = min(candidates, key=lambda n: (used[n.name], -_shared_depth(n, gpu),
+                                                         n.name))
                 break
         else:
             reason = "none"
@@ -139,7 +147,7 @@ def format_choices(choices: Sequence[Choice]) -> str:
 def _device(link: str, name: str) -> Device:
     real = os.path.realpath(link)
     parts = real.split(os.sep)
-    roots = [i for i, p in enumerate(parts) if p.startswith("pci")]
+    roots = [i for i, p in enumerate(parts) if PCI_ROOT.match(p)]
     chain = tuple(parts[roots[0]:]) if roots else (real,)
     numa = _read(real, "numa_node")
     return Device(name, chain[-1], int(numa) if numa.lstrip("-").isdigit() else -1, chain)
