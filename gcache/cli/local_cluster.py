@@ -72,11 +72,17 @@ class LocalCluster:
         return [s.address for s in self.servers]
 
     def start(self) -> None:
-        for server in self.servers:
-            ip = self.hosts[server.index][1] if self.hosts else "127.0.0.1"
-            self._launch(server, listen=f"{ip}:0")
-        for server in self.servers:
-            self._wait_ready(server)
+        """Start every server; if one fails to, end the others (a caller's ``with`` never got
+        the cluster to end it)."""
+        try:
+            for server in self.servers:
+                ip = self.hosts[server.index][1] if self.hosts else "127.0.0.1"
+                self._launch(server, listen=f"{ip}:0")
+            for server in self.servers:
+                self._wait_ready(server)
+        except BaseException:
+            self.stop()
+            raise
 
     def _launch(self, server: ServerProcess, *, listen: str) -> None:
         log = open(server.log_path, "ab")
