@@ -14,12 +14,12 @@ and the KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: wit
 on, sliding-window groups hand over null block 0 outside the window, which is skipped; which
 group is the sliding one is read from the KV cache config, never assumed.
 
-Loads are synchronous (layer by layer within the forward pass) for short same-host hits of
-models with one KV cache group and asynchronous otherwise: with several groups (hybrid models)
-vLLM can take a failed load back only for a request it parked (``failed_recving``), not as
-block ids (``gcache_async_load_tokens``, default 2048; 0 makes every hit
-asynchronous); a finished request's prompt and answer are saved before vLLM frees its blocks,
-so the next turn of a conversation hits through the answer (``scheduler_side``).
+Loads are synchronous (layer by layer within the forward pass) for short same-host hits
+(``gcache_async_load_tokens``, default 2048; 0 makes every hit asynchronous) of models with one
+KV cache group, and asynchronous otherwise: with several groups (hybrid models) vLLM can take a
+failed load back only for a request it parked (``failed_recving``), not as block ids. A finished
+request's prompt and answer are saved before vLLM frees its blocks, so the next turn of a
+conversation hits through the answer (``scheduler_side``).
 
 Failures: a miss or a dead server is a shorter match; a layer that does not arrive is reported
 through ``get_block_ids_with_load_errors`` (set ``kv_load_failure_policy: "recompute"`` so vLLM
