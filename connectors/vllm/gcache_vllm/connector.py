@@ -8,11 +8,11 @@ read by ``gcache.kv.gcache_settings``; ``gcache_policy`` picks the SWA store pol
 It translates vLLM's calls into ``gcache.kv`` calls and nothing more (ARCHITECTURE §2): the
 scheduler half asks ``KVStore.match`` for the window-safe hit and tells the workers what to load
 and save (``scheduler_side``); the worker half moves each layer between vLLM's paged KV and
-``KVStore`` (``worker_side``), on the CPU or the GPU vLLM keeps its KV on. Keys carry the
-model, the operator's namespace, the weights' fingerprint, the layout (from the model config
-and the KV cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: with the hybrid allocator
-on, sliding-window groups hand over null block 0 outside the window, which is skipped; which
-group is the sliding one is read from the KV cache config, never assumed.
+``KVStore`` (``worker_side``), on the CPU or the GPU vLLM keeps its KV on. Keys carry the model,
+the operator's namespace, the weights' fingerprint, the layout (from the model config and the KV
+cache dtype) and the tensor-parallel rank. It is ``SupportsHMA``: with the hybrid allocator on,
+sliding-window groups hand over null block 0 outside the window, which is skipped; which group
+is the sliding one is read from the KV cache config, never assumed.
 
 Loads are synchronous (layer by layer within the forward pass) for short same-host hits
 (``gcache_async_load_tokens``, default 2048; 0 makes every hit asynchronous) of models with one

@@ -5,9 +5,9 @@ A hit is ``KVStore.match``: the largest page boundary where every full-attention
 sliding layer's window tail exist (``gcache.kv``'s window-safe rule), capped so that the last
 prompt token is always computed. The probe runs on a thread of its own and the scheduler waits
 for it one IO timeout at most; a slower probe is a miss for that request, and while
-``PROBE_THREADS`` probes are still stuck (dead servers) the next is a miss without waiting. Probes are remembered
-per request, because vLLM may ask again in a later step; they are forgotten when the request is
-scheduled or ends.
+``PROBE_THREADS`` probes are still stuck (dead servers) the next is a miss without waiting.
+Probes are remembered per request, because vLLM may ask again in a later step; they are
+forgotten when the request is scheduled or ends.
 
 Two kinds of load: a short hit from same-host servers, for a model with one KV cache group, is
 synchronous, loaded layer by layer

@@ -12,17 +12,18 @@ on, and ``wait_for_save`` waits for the step's puts.
 
 An asynchronous load (``LoadSpec.asynchronous``: vLLM has parked the request) is fetched the
 same way but applied whole, after the forward pass of the first step in which all of it has
-arrived (``get_finished``), and reported there as received; its failed layers' blocks are
-reported in that same step, as vLLM requires. A save at finish (a finished request's prompt and
-answer, whose blocks vLLM keeps for it) gathers every layer outside the forward pass and is
-reported as sent by ``get_finished`` once each layer is put or has failed.
+arrived (``get_finished``), and reported there as received; a failure is reported in that same
+step, as vLLM requires: as blocks with one KV cache group, as the request (``failed_recving``)
+with several, whose block ids vLLM cannot map back. A save at finish (a finished request's
+prompt and answer, whose blocks vLLM keeps for it) gathers every layer outside the forward pass
+and is reported as sent by ``get_finished`` once each layer is put or has failed.
 
-A synchronous load belongs to the step whose metadata carries it, and to no other: vLLM starts a step's
-loads before the forward pass only when the step has synchronous loads, and otherwise calls
-``start_load_kv`` after it, so a layer hook may run before this step's ``start_load``. Loads are
-kept with the metadata object they came from and applied only while that object is bound, and
-dropped when vLLM clears it (``end_step``): the previous step's loads are never scattered into
-blocks vLLM has since reused, nor their failures reported twice.
+A synchronous load belongs to the step whose metadata carries it, and to no other: vLLM starts a
+step's loads before the forward pass only when the step has synchronous loads, and otherwise
+calls ``start_load_kv`` after it, so a layer hook may run before this step's ``start_load``.
+Loads are kept with the metadata object they came from and applied only while that object is
+bound, and dropped when vLLM clears it (``end_step``): the previous step's loads are never
+scattered into blocks vLLM has since reused, nor their failures reported twice.
 
 Sliding-window groups hold only in-window blocks: the others are the null block 0, which is
 never read or written. Full-attention layers get every page, sliding layers only the window
@@ -124,7 +125,7 @@ class WorkerSide:
                          "bytes_loaded": 0, "bytes_saved": 0}
         self._reported: dict[str, int] = {}                     # counters at the last report
         self._samples: dict[str, list[float]] = {"load_wait_s": [], "save_s": []}
-        self._samples_lock = threading.Lock()                   # the saver thread adds too
+        self._samples_lock = threading.Lock()     # counters and samples: the saver adds too
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -164,10 +165,10 @@ class WorkerSide:
                 continue
             if spec.asynchronous:
                 self._async_loads[spec.req_id] = (spec, handle, sink)
-                self.counters["async_loads"] += 1
+                self._count("async_loads", 1)
             else:
                 self._loads.append((spec, handle, sink))
-                self.counters["loads"] += 1
+                self._count("loads", 1)
         for spec in (meta.saves_at_finish if meta else ()):
             self._save_at_finish(spec)
 
@@ -188,15 +189,15 @@ class WorkerSide:
         handle.wait_layer(index)
         self._sample("load_wait_s", time.perf_counter() - waited)
         if index in handle.failed_layers:
-            self.counters["failed_layers"] += 1
+            self._count("failed_layers", 1)
             self._fail(spec)
             return
         start, stop, host = sink.spans[index]
         staged, sink.copied[index] = self.transfers.to_device(host)
-        self.counters["bytes_loaded"] += host.numel()
+        self._count("bytes_loaded", host.numel())
         paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
                       spec.skip_tokens)
-        self.counters["loaded_layers"] += 1
+        self._count("loaded_layers", 1)
 
     def get_finished(self) -> tuple[set[str], set[str], set[str]]:
         """(finish saves done, asynchronous loads done, those of them that failed) since the
@@ -285,12 +286,12 @@ class WorkerSide:
         stop = len(spec.token_ids)
         first = paged.held_from(ids, stop)
         if first and not self.layout.is_swa(index):        # a full layer must hold every page
-            self.counters["skipped_saves"] += 1
+            self._count("skipped_saves", 1)
             return False
         try:
             host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
         except Exception:                                  # noqa: BLE001 - never fail the step
-            self.counters["save_errors"] += 1
+            self._count("save_errors", 1)
             log.exception("gcache save of %s layer %d could not start", spec.req_id, index)
             return False
         self._saves.put((spec, index, host, copied, first, at_finish))
@@ -333,7 +334,7 @@ class WorkerSide:
                 copied.synchronize()
                 self._save(spec, index, host, first)
             except Exception:                              # noqa: BLE001 - never kill the thread
-                self.counters["save_errors"] += 1
+                self._count("save_errors", 1)
                 log.exception("gcache save of %s layer %d failed", spec.req_id, index)
             finally:
                 self.transfers.release(host)
@@ -350,12 +351,16 @@ class WorkerSide:
         started = time.perf_counter()
         result = self.store.save(spec.token_ids, source, probe=probe, layers=[index])
         self._sample("save_s", time.perf_counter() - started)
-        self.counters["saved_layers"] += 1
-        self.counters["bytes_saved"] += result.bytes_written
+        self._count("saved_layers", 1)
+        self._count("bytes_saved", result.bytes_written)
         if result.objects_failed:
-            self.counters["save_errors"] += 1
+            self._count("save_errors", 1)
 
     # ---- stats ------------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int) -> None:
+        with self._samples_lock:                # the forward thread and the saver both count
+            self.counters[name] += n
 
     def _sample(self, name: str, seconds: float) -> None:
         with self._samples_lock:
@@ -364,7 +369,9 @@ class WorkerSide:
     def take_stats(self) -> dict[str, Any]:
         """What changed since the last call: counter increments and latency samples."""
         from gcache_vllm.stats import take_delta   # here: stats imports vLLM, this module not
-        data: dict[str, Any] = take_delta(dict(self.counters), self._reported)
+        with self._samples_lock:
+            counters = dict(self.counters)
+        data: dict[str, Any] = take_delta(counters, self._reported)
         with self._samples_lock:
             for name, samples in self._samples.items():
                 if samples:

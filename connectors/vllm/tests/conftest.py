@@ -11,6 +11,18 @@ from gcache.cli.local_cluster import LocalCluster
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
+@pytest.fixture(autouse=True)
+def shut_down_connectors():
+    """The connectors a test made (``harness.MADE``) release their clients, threads and
+    sockets when it ends, as vLLM's shutdown does."""
+    yield
+    from .harness import MADE
+    while MADE:
+        connector = MADE.pop()
+        if connector is not None:
+            connector.shutdown()
+
+
 @pytest.fixture
 def cluster(tmp_path):
     with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),

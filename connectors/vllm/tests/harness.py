@@ -87,13 +87,18 @@ def kv_cache_config(config: dict, *, heads: int, head_dim: int):
     return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=specs)
 
 
+MADE: list = []             # connectors made by a test; conftest shuts them down after it
+
+
 def scheduler(config, kv_config):
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
     config.cache_config.num_gpu_blocks = kv_config.num_blocks
-    return Scheduler(vllm_config=config, kv_cache_config=kv_config,
+    made = Scheduler(vllm_config=config, kv_cache_config=kv_config,
                      structured_output_manager=StructuredOutputManager(config),
                      block_size=PAGE, log_stats=True)
+    MADE.append(made.connector)
+    return made
 
 
 def request(req_id: str, tokens: list[int], *, max_tokens: int = 4):

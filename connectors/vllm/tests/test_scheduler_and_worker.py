@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from .harness import (PAGE, kv_cache_config, kv_tensors, layer_name, request, scheduler,
-                      until_scheduled, vllm_config, write_config)
+from .harness import (MADE, PAGE, kv_cache_config, kv_tensors, layer_name, request,
+                      scheduler, until_scheduled, vllm_config, write_config)
 
 HEADS, HEAD_DIM = 2, 32
 
@@ -36,6 +36,7 @@ def worker(config, kv_config, seed):
 
     from gcache_vllm.connector import GCacheConnector
     connector = GCacheConnector(config, KVConnectorRole.WORKER, kv_config)
+    MADE.append(connector)
     names = [n for g in kv_config.kv_cache_groups for n in g.layer_names]
     tensors = kv_tensors(sorted(names), heads=HEADS, head_dim=HEAD_DIM, seed=seed)
     connector.register_kv_caches(tensors)
