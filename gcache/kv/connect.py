@@ -27,6 +27,7 @@ SETTINGS = {
     "namespace": "an extra label that separates tenants sharing one cluster",
     "async_load_tokens": "vLLM: hits of more tokens than this load asynchronously, beside the "
                          "forward passes (default 2048; 0: every hit)",
+    "pinned_mb": "vLLM: host memory one worker may pin for staging, in MiB (default 4096)",
     "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
               "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
 }
@@ -78,12 +79,13 @@ def client_from_settings(settings: Mapping[str, Any]) -> Client:
         raise ConfigError("gcache_*", dict(settings), str(exc)) from exc
 
 
-def count_setting(settings: Mapping[str, Any], name: str, default: int) -> int:
-    """The whole number ``name`` of settings as ``gcache_settings`` returns them (0 allowed),
-    or ``default``; anything else raises ``ConfigError`` naming the key."""
+def count_setting(settings: Mapping[str, Any], name: str, default: int, *,
+                  minimum: int = 0) -> int:
+    """The whole number ``name`` of settings as ``gcache_settings`` returns them, at least
+    ``minimum``, or ``default``; anything else raises ``ConfigError`` naming the key."""
     value = settings.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(PREFIX + name, value, "must be a whole number, 0 or more")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(PREFIX + name, value, f"must be a whole number, {minimum} or more")
     return value
 
 

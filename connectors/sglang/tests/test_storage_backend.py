@@ -301,7 +301,10 @@ def test_storage_metrics_report_pages_and_bandwidth(cluster):
 
 @pytest.mark.parametrize("extra,named", [({"gcache_servrs": "x"}, "gcache_servrs"),
                                          ({"gcache_timeout_ms": -1}, "gcache_timeout_ms"),
-                                         ({"gcache_policy": "tail"}, "gcache_policy")])
+                                         ({"gcache_policy": "tail"}, "gcache_policy"),
+                                         ({"gcache_pinned_mb": 64}, "gcache_pinned_mb"),
+                                         ({"gcache_async_load_tokens": 0},
+                                          "gcache_async_load_tokens")])
 def test_bad_settings_fail_at_creation_naming_the_key(cluster, extra, named):
     with pytest.raises(ConfigError, match=named):
         backend(storage_config(cluster.addresses, **extra), mha_host("page_first"))

@@ -39,6 +39,7 @@ from gcache_vllm.metadata import GCacheConnectorMetadata
 from gcache_vllm.model_layout import (check_block_sizes, group_of_layers, keyed_model_name,
                                       model_layout)
 from gcache_vllm.scheduler_side import DEFAULT_ASYNC_LOAD_TOKENS, SchedulerSide
+from gcache_vllm.staging import DEFAULT_PINNED_BYTES
 from gcache_vllm.stats import GCacheStats, take_delta
 from gcache_vllm.worker_side import WorkerSide
 
@@ -47,11 +48,17 @@ log = get_logger(__name__)
 DEFAULT_POLICY = "adaptive"
 
 
+def pinned_mib(settings: dict[str, Any]) -> int:
+    """``gcache_pinned_mb``: the host memory a worker may pin for staging (at least 1 MiB)."""
+    return count_setting(settings, "pinned_mb", DEFAULT_PINNED_BYTES >> 20, minimum=1)
+
+
 class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         settings = gcache_settings(extra)
+        pinned_mib(settings)                   # a bad value stops every role at start
         self.client = client_from_settings(settings)
         rank = 0 if role == KVConnectorRole.SCHEDULER else tensor_parallel_rank()
         self.layout = model_layout(vllm_config, rank, kv_cache_config,
@@ -72,7 +79,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
                     settings, "async_load_tokens", DEFAULT_ASYNC_LOAD_TOKENS))
         else:
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config),
-                                     layer_index=layer_index)
+                                     layer_index=layer_index,
+                                     pinned_bytes=pinned_mib(settings) << 20)
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute") != "recompute":
             log.warning("kv_load_failure_policy is %r: a GCache server lost between a match and "
                         "its load fails the request; set it to \"recompute\" to recompute "

@@ -39,7 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
-from gcache_vllm.staging import DONE, Transfers
+from gcache_vllm.staging import DEFAULT_PINNED_BYTES, DONE, Transfers
 
 if TYPE_CHECKING:                        # metadata subclasses vLLM's; this module runs without
     from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -99,8 +99,10 @@ class WorkerSide:
     connector; the GPU checks, which run without vLLM, pass their own)."""
 
     def __init__(self, store: Any, layout: Any, group_of: dict[str, int], *,
-                 layer_index: Callable[[str], int]) -> None:
+                 layer_index: Callable[[str], int],
+                 pinned_bytes: int = DEFAULT_PINNED_BYTES) -> None:
         self.store, self.layout, self.group_of = store, layout, group_of
+        self.pinned_bytes = pinned_bytes
         # vLLM maps failed block ids back to requests only when block ids are unique, i.e.
         # with one KV cache group; with more, a failed load is reported by request
         self.block_failures = len(set(group_of.values())) <= 1
@@ -139,7 +141,7 @@ class WorkerSide:
                                  f"token, the model config gives {expected} (heads, head sizes "
                                  "or dtype disagree)")
             if self.transfers is None:
-                self.transfers = Transfers(tensor.device)
+                self.transfers = Transfers(tensor.device, pinned_bytes=self.pinned_bytes)
             elif tensor.device != self.transfers.device:
                 raise ValueError(f"layer {name} is on {tensor.device}, other layers on "
                                  f"{self.transfers.device}; one worker drives one device")

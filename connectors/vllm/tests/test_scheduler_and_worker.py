@@ -181,6 +181,17 @@ def test_bad_settings_stop_the_engine_at_start_naming_the_key(tmp_path, cluster)
     config.kv_transfer_config.kv_connector_extra_config["gcache_polcy"] = "tail"
     with pytest.raises(ConfigError, match="gcache_polcy"):
         scheduler(config, kv_config)
+    for key, bad in (("gcache_pinned_mb", 0), ("gcache_async_load_tokens", -1)):
+        config, kv_config, _ = engine_pair(tmp_path / key, cluster, window=None)
+        config.kv_transfer_config.kv_connector_extra_config[key] = bad
+        with pytest.raises(ConfigError, match=key):
+            scheduler(config, kv_config)
+
+
+def test_the_pinned_staging_cap_is_the_operators(tmp_path, cluster):
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None, pinned_mb=64)
+    connector, _ = worker(config, kv_config, seed=None)
+    assert connector.worker.transfers.pool.cap_bytes == 64 << 20
 
 
 def test_stats_reach_vllms_own_kv_transfer_metrics_line(tmp_path, cluster):
