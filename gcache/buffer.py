@@ -32,8 +32,8 @@ def _tensor_view(tensor: Any, *, what: str) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def is_device_tensor(obj: Any) -> bool:
-    return _is_tensor(obj) and getattr(obj.device, "type", "cpu") != "cpu"
+def is_cuda_tensor(obj: Any) -> bool:
+    return _is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
 
 
 def device_bytes(tensor: Any, *, what: str = "value") -> Any:
@@ -46,8 +46,8 @@ def device_bytes(tensor: Any, *, what: str = "value") -> Any:
 
 
 def as_bytes(obj: Any, *, writable: bool, what: str = "value") -> Any:
-    """``as_memoryview`` for host buffers; ``device_bytes`` for a device tensor."""
-    if is_device_tensor(obj):
+    """``as_memoryview`` for host buffers; ``device_bytes`` for a CUDA tensor."""
+    if is_cuda_tensor(obj):
         return device_bytes(obj, what=what)
     return as_memoryview(obj, writable=writable, what=what)
 

@@ -141,9 +141,15 @@ def read_one(d: Dispatcher, key: bytes, out: Any,
             target = staged.target(out)
             return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
 
+    return call_staged(d, d.owner(key, group), exchange)
+
+
+def call_staged(d: Dispatcher, address: str | None, exchange: Any) -> Any:
+    """``d.call`` of a one-key exchange that may stage a CUDA buffer: no pinned buffer in time
+    is a ``staging`` miss (the link was closed before any IO on it), not a failed server."""
     try:
-        return d.call(d.owner(key, group), exchange)
-    except PoolExhausted as exc:                 # the link was closed before any IO on it
+        return d.call(address, exchange)
+    except PoolExhausted as exc:
         return _no_staging(d, 1, exc)[0]
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from gcache.buffer import as_memoryview
+from gcache.buffer import as_memoryview, is_cuda_tensor
 from gcache.config import ClientConfig
 from gcache.frame import Status
 from gcache.keys import group_hash, validate_key
@@ -33,9 +33,8 @@ from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel
 from gcache.sdk.tcp_staging import TcpStaged
-from gcache.transport.cuda import after_callers_work, is_cuda_tensor
+from gcache.transport.cuda import after_callers_work
 from gcache.transport.master_rpc import MasterLink, parse_masters
-from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +140,9 @@ class Client:
                 return protocol.put(ch, key, staged.value(value), io_size=self.config.io_size,
                                     group=placement)
 
-        try:
-            status = self._d.call(self._d.owner(key, group), exchange)
-        except PoolExhausted as exc:             # the link was closed before any IO on it
-            self._stats.miss("staging")
-            log.warning("sdk.miss reason=staging detail=%s", exc)
-            return False
-        return put_outcome(self._stats, status, shm_exchange.size_of(value))
+        return put_outcome(self._stats, batch.call_staged(self._d, self._d.owner(key, group),
+                                                          exchange),
+                           shm_exchange.size_of(value))
 
     def get(self, key: Any, *, group: Any = None) -> bytes | None:
         """The value of ``key`` as bytes, or None on a miss of any cause."""

@@ -18,12 +18,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gcache.buffer import is_cuda_tensor
 from gcache.errors import IOTimeout, ProtocolError
 from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
                           encode_keys, raise_for_status)
 from gcache.keys import checksum_stream
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
-from gcache.transport.cuda import cuda_nbytes, is_cuda_tensor, read_into_cuda, write_from_cuda
+from gcache.transport.cuda import cuda_nbytes, read_into_cuda, write_from_cuda
 from gcache.transport.shm import COPY_CHUNK, ArenaMapping
 
 

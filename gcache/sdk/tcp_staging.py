@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gcache.buffer import as_memoryview
+from gcache.buffer import as_memoryview, is_cuda_tensor
 from gcache.sdk.protocol import ReadResult
-from gcache.transport.cuda import is_cuda_tensor
 
 
 class TcpStaged:

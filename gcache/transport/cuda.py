@@ -18,11 +18,6 @@ from gcache.transport.shm import ArenaMapping
 _REGISTER_PORTABLE = 0x01
 
 
-def is_cuda_tensor(obj: Any) -> bool:
-    return (type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda")
-            and bool(obj.is_cuda))
-
-
 def after_callers_work(tensor: Any) -> None:
     """Wait, on the caller's thread, for the work it queued on its current stream: the copies
     run on the SDK's IO threads, whose streams do not see the caller's."""
