@@ -14,8 +14,8 @@ VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-sglang test-vllm test-vllm-interface test-vllm-engine \
-	test-sglang-then-vllm-interface envs bench replay redis proto soak clean gpu-check gpu-wheels
+.PHONY: run test test-core test-fault test-sglang test-vllm test-vllm-interface \
+	test-vllm-engine envs bench replay redis proto soak clean gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 $(STAMP): pyproject.toml
@@ -27,11 +27,25 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/gcache demo
 
-# The four environments install in parallel (mostly downloads). The engines' suites then run
-# side by side (their engines mostly wait on each other's start-up), each printed whole.
-test: envs
-	$(PY) -m pytest -q -p no:cacheprovider
-	$(MAKE) --no-print-directory -j2 -O test-sglang-then-vllm-interface test-vllm-engine
+# The four environments install side by side (mostly downloads) and each suite starts as soon
+# as its environment is there, in two lanes of about equal length on the two cores: the core
+# suite then SGLang's; vLLM's engine suite, its interface suite, then the core fault suite.
+# Every suite is printed whole when it ends.
+test:
+	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core test-sglang test-vllm-engine \
+	  test-vllm-interface test-fault
+
+test-core: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
+
+test-fault: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/fault
+
+ifdef LANES
+test-sglang: | test-core
+test-vllm-interface: | test-vllm-engine
+test-fault: | test-vllm-interface
+endif
 
 envs:
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(SGL_STAMP) $(VLI_STAMP) $(VLE_STAMP)
@@ -92,10 +106,6 @@ test-vllm-interface: $(VLI_STAMP)
 test-vllm-engine: $(VLE_STAMP)
 	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py \
 	  $(VLL_DIR)/tests/test_readme.py
-
-# make test's second phase in two balanced halves (the vLLM engine suite is the longest).
-test-sglang-then-vllm-interface: test-sglang
-	$(MAKE) --no-print-directory test-vllm-interface
 
 # The fault scenarios of tests/fault for SOAK_S seconds (default 600): servers killed under load
 # with and without a cold tier, Raft leader kills, byte flips, hostile peers; prints a summary

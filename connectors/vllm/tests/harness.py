@@ -61,8 +61,10 @@ def vllm_config(model: pathlib.Path, servers: list[str], *, policy: str = "adapt
         kv_transfer_config=KVTransferConfig(
             kv_connector="GCacheConnector", kv_connector_module_path="gcache_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
+            # a generous IO timeout (the probe's bound too): in make test the other core runs
+            # vLLM engines, and a probe that outlives it turns a test's hit into a miss
             kv_connector_extra_config={"gcache_servers": ",".join(servers),
-                                       "gcache_timeout_ms": 1000, "gcache_policy": policy,
+                                       "gcache_timeout_ms": 5000, "gcache_policy": policy,
                                        **{f"gcache_{k}": v for k, v in settings.items()}}))
 
 
