@@ -18,10 +18,13 @@ VLL_DIR   := connectors/vllm
 	test-vllm-engine envs bench replay redis proto soak clean gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
+# NIXL (docs/rdma.md) is --no-deps: its metadata asks for CUDA torch, and it imports and runs
+# without torch or CUDA.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev,torch]'
+	$(PIP) install -q --no-deps nixl-cu12==1.5.1
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -115,10 +118,10 @@ soak: $(STAMP)
 	$(PY) -m tests.fault.soak --seconds $(SOAK_S) --json bench/results/soak-latest.json
 
 # On a one-GPU host with CUDA torch (no vLLM, no SGLang, no network): every requires_gpu test
-# (the SDK's CUDA tensors over shared memory, the vLLM worker's gather/scatter and staging on
-# CUDA) and bench/gpu_copy.py's GB/s against torch's pinned copies. GCache runs from the source
-# tree; its pure-Python dependencies install from wheelhouse/ when it is there (make gpu-wheels
-# fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the tests.
+# (the SDK's CUDA tensors over shared memory, TCP and NIXL, the vLLM worker's gather/scatter and
+# staging on CUDA) and bench/gpu_copy.py's GB/s against torch's pinned copies. GCache runs from
+# the source tree; its pure-Python dependencies (and NIXL) install from wheelhouse/ when it is
+# there (make gpu-wheels fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the tests.
 GPU_PY    ?= python3
 GPU_PYVER ?= 3.12
 GPU_VENV  := .venv-gpu
@@ -126,7 +129,10 @@ GPU_PATH  := PYTHONPATH=$(CURDIR):$(CURDIR)/connectors/vllm
 gpu-check:
 	$(GPU_PY) -m venv --system-site-packages $(GPU_VENV)
 	if [ -d wheelhouse ]; then $(GPU_VENV)/bin/python -m pip --disable-pip-version-check \
-	  install -q --no-index --find-links wheelhouse -r tests/gpu/requirements.txt; fi
+	  install -q --no-index --find-links wheelhouse -r tests/gpu/requirements.txt && \
+	  { $(GPU_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-index \
+	  --find-links wheelhouse --no-deps nixl-cu12==1.5.1 || \
+	  echo "no nixl-cu12 wheel in wheelhouse/: the NIXL GPU tests skip"; }; fi
 	$(GPU_VENV)/bin/python -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__, torch.cuda.get_device_name())'
 	$(GPU_PATH) timeout 480 $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 	  -m requires_gpu tests/gpu tests/integration/test_same_host.py
@@ -135,17 +141,16 @@ gpu-check:
 gpu-wheels:
 	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \
 	  --python-version $(GPU_PYVER) -r tests/gpu/requirements.txt
+	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \
+	  --python-version $(GPU_PYVER) --no-deps nixl-cu12==1.5.1
 
 # The Redis baseline of bench/dataplane.py needs Debian's redis-server.
 redis:
 	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
-# NIXL (docs/rdma.md) is --no-deps: its metadata asks for CUDA torch, and it imports and runs
-# without torch or CUDA. Only the bench needs it until the NIXL data path lands (then make test).
 bench: $(STAMP) redis
 	$(PY) bench/dataplane.py
-	$(PIP) install -q --no-deps nixl-cu12==1.5.1
 	$(PY) bench/nixl_bare.py
 	$(PY) bench/tiers.py
 	$(PY) bench/master.py

@@ -1,11 +1,16 @@
-"""Data-plane benchmark: GCache over TCP and shared memory against limits measured in the same run.
+"""Data-plane benchmark: GCache over TCP, shared memory and NIXL against limits measured in the
+same run.
 
 Limits: single-thread memcpy over 256 MiB of distinct 4 MiB blocks (and the same with two threads
 at once); a raw Python loopback socket between two processes (one request byte, then ``sendall``
 -> ``recv_into``: the shape of a GET); Redis GET/SET (Debian redis-server on loopback, no
 persistence, redis-py + hiredis). GCache runs one real ``gcache-server`` process; the client is
-this process, once forced to TCP and once over shared memory (same host). TCP figures are ratios
-to the raw socket and Redis, shared-memory figures to memcpy. Every figure is the best of
+this process, forced to TCP, to shared memory (same host) and to NIXL (UCX's own choice of
+transports, here shared memory and TCP; buffers registered once with ``register_buffer``). TCP
+figures are ratios to the raw socket and Redis, shared-memory figures to memcpy, NIXL figures to a
+bare NIXL READ (for gets) or WRITE (for puts) loop between two processes over the same UCX
+transports, one 4 MiB transfer of 1 MiB descriptors at a time (``bench/nixl_bare.py``), the shape
+of one thread's ``get_into``. Every figure is the best of
 ``--repeat`` runs, limits included. Prints a table and writes JSON to ``bench/results/``.
 Targets come from the foundation and same-host issues; they are reported, never asserted.
 """
@@ -25,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import write_results  # noqa: E402
+import nixl_bare  # noqa: E402
 from baselines import (RedisServer, memcpy_gbps, memcpy_threads_gbps, raw_socket_gbps,  # noqa: E402
                        raw_socket_p50_ms, redis_gbps)
 
@@ -63,6 +69,8 @@ def gcache_figures(client: Client, size: int, repeat: int, total_bytes: int) -> 
     assert all(client.batch_put(keys, [value] * len(keys)))
     ops = max(8, total_bytes // size)
     outs = [[np.empty(size, dtype=np.uint8) for _ in range(16)] for _ in range(4)]
+    for buffer in [value, *(out for row in outs for out in row)]:
+        client.register_buffer(buffer)                 # NIXL: once each; a no-op elsewhere
     figures: dict[str, float] = {}
     for threads in (1, 4):
         n = max(4, ops // threads)
@@ -145,10 +153,17 @@ def main() -> int:
             limits[f"redis_get_{size // MiB}MiB_gbps"] = max(r["get_gbps"] for r in runs)
 
     limits["memcpy_2threads_gbps"] = memcpy_threads_gbps(2)
+    transports = ["tcp", "shm"]
+    if nixl_bare.available():
+        print("measuring the bare NIXL loop ...", flush=True)
+        limits.update(nixl_limits(args.repeat, args.bytes_per_run))
+        transports.append("nixl")
+    else:
+        print("nixl-cu12 not installed (make bench installs it): no NIXL rows")
     print("measuring gcache (one gcache-server process on loopback) ...", flush=True)
     gcache: dict = {}
-    with LocalCluster(1, memory="1GiB") as cluster:
-        for transport in ("tcp", "shm"):
+    with LocalCluster(1, memory="1GiB", server_args=("--nixl",)) as cluster:
+        for transport in transports:
             with Client(cluster.addresses, timeout_s=5.0, io_threads=4,
                         transport=transport) as client:
                 for size in (MiB, 4 * MiB):
@@ -165,8 +180,23 @@ def main() -> int:
     return 0
 
 
+def nixl_limits(repeat: int, total_bytes: int) -> dict[str, float]:
+    """The bare NIXL READ and WRITE loop, one 4 MiB transfer (1 MiB descriptors) in flight."""
+    runs = [nixl_bare.measure(argparse.Namespace(
+        total_mib=max(16, total_bytes // MiB // 4 * 4), value_mib=4, io_mib=1, in_flight=1))
+        for _ in range(repeat)]
+    return {"nixl_bare_read_4MiB_gbps": max(r["read_gb_s"] for r in runs),
+            "nixl_bare_write_4MiB_gbps": max(r["write_gb_s"] for r in runs)}
+
+
 def ratios(limits: dict, gcache: dict) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
+    if "nixl/4MiB" in gcache:
+        for name, gbps in gcache["nixl/4MiB"].items():
+            bare = "write" if name.startswith("put") else "read"
+            out[f"nixl {name}@4MiB"] = {"gbps": gbps,
+                                        "x_limit": gbps / limits[f"nixl_bare_{bare}_4MiB_gbps"],
+                                        "limit": f"bare NIXL {bare.upper()}"}
     for size in ("1MiB", "4MiB"):
         raw = limits[f"raw_socket_{size}_gbps"]
         for name, gbps in gcache[f"tcp/{size}"].items():
@@ -182,7 +212,8 @@ def ratios(limits: dict, gcache: dict) -> dict[str, dict[str, float]]:
 
 
 TARGETS = {"tcp get_into_t1@4MiB": 0.8, "tcp put_t1@4MiB": 0.6,
-           "shm get_into_t1@4MiB": 0.8, "shm put_t1@4MiB": 0.6}
+           "shm get_into_t1@4MiB": 0.8, "shm put_t1@4MiB": 0.6,
+           "nixl get_into_t1@4MiB": 0.8, "nixl put_t1@4MiB": 0.7}
 
 
 def print_table(report: dict) -> None:

@@ -36,6 +36,13 @@ def is_cuda_tensor(obj: Any) -> bool:
     return _is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
 
 
+def nbytes(buffer: Any) -> int:
+    """Bytes in a flat byte view (what ``as_memoryview`` returns) or a CUDA tensor."""
+    if is_cuda_tensor(buffer):
+        return buffer.numel() * buffer.element_size()
+    return len(buffer)
+
+
 def device_bytes(tensor: Any, *, what: str = "value") -> Any:
     """A device tensor's bytes as a flat ``uint8`` tensor: a view, no copy."""
     if not tensor.is_contiguous():

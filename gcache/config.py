@@ -85,6 +85,9 @@ class ServerConfig:
     advertise: str = ""                     # HOST:PORT clients reach; "" is the listen address
     heartbeat_interval_s: float = 1.0       # seconds between heartbeats to the master
     group_width: int = 2                    # as the clients': a drain places keys like them
+    nixl: bool = True                       # offer the arena over NIXL when nixl-cu12 imports
+    nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL (e.g. mlx5_0:1); () lets
+                                            # UCX choose (see ``gcache topology``)
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -149,7 +152,11 @@ class ClientConfig:
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
     verify_checksum: bool = True            # check xxh3_64 of every value read
     token: str | None = None                # cluster token, when the servers require one
-    transport: str = "auto"                 # "auto": shm for same-host servers, else tcp
+    transport: str = "auto"                 # "auto": shm for same-host servers, NIXL where both
+                                            # sides have it and this host an RDMA NIC, else
+                                            # tcp; or "tcp", "shm", "nixl" forced
+    transfers_in_flight: int = 8            # NIXL transfers this client runs at once
+    nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL; () lets UCX choose
     vnodes: int = 64                        # virtual nodes per server on the ring
     cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
@@ -169,8 +176,10 @@ class ClientConfig:
         _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("cuda_staging_bytes", self.cuda_staging_bytes,
                self.cuda_staging_bytes >= 64 * KiB, "must be at least 64KiB")
-        _check("transport", self.transport, self.transport in ("auto", "tcp", "shm"),
-               "must be one of auto, tcp, shm")
+        _check("transport", self.transport, self.transport in ("auto", "tcp", "shm", "nixl"),
+               "must be one of auto, tcp, shm, nixl")
+        _check("transfers_in_flight", self.transfers_in_flight,
+               1 <= self.transfers_in_flight <= 1024, "must be between 1 and 1024")
         for address in self.master:
             _check("master", address, _is_address(address), "each must be HOST:PORT")
         _check("map_refresh_s", self.map_refresh_s, self.map_refresh_s > 0, "must be positive")

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 
 FAST_SERVER_ARGS = ("--segment-size", "4MiB", "--lease-ttl", "1.0")
+# A server offers NIXL whenever it imports, and its agent takes about a second of CPU to start:
+# the servers of these tests go without it unless a test passes --nixl (the NIXL suites do).
+os.environ.setdefault("GCACHE_SERVER_NIXL", "false")
+# The network-host tests reach their namespaces through a bridge, which UCX's TCP transport skips
+# unless told; UCX reads its device list once per process, so it is told before any agent.
+os.environ.setdefault("UCX_TCP_BRIDGE_ENABLE", "y")
 
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory):
-    """Two servers shared by a module's tests (tests use distinct keys)."""
-    with LocalCluster(2, memory="512MiB", server_args=FAST_SERVER_ARGS,
+    """Two servers shared by a module's tests (tests use distinct keys), with the default lease
+    TTL: none of these tests waits for a lease to expire, and with 1 s the write window (half
+    of it) of a 256-key batch put ran out while make test's other lane ran vLLM engines."""
+    with LocalCluster(2, memory="512MiB", server_args=("--segment-size", "4MiB"),
                       log_dir=str(tmp_path_factory.mktemp("logs"))) as cluster:
         yield cluster
 

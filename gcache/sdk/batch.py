@@ -1,13 +1,12 @@
 """Batch exchanges: one request per server, servers in parallel, copies in parallel.
 
-Over TCP a batch is one BATCH_PUT or BATCH_GET per server, run on the IO threads. Over shared
-memory it has three phases, each run on the IO threads while the caller waits:
-1. per server, one BATCH_LEASE (reads) or pipelined ALLOCs (writes) on a link that is then held;
-2. one copy job per value between the caller's buffer and the arena, so two IO threads copy two
-   values at once (a copy runs in numpy with the GIL released);
-3. per server, on the held link, pipelined COMMITs (writes) or one batched no-reply RELEASE.
-Holding the link across phases matters: a server drops what a connection leases or allocates when
-that connection closes, and the pool may close surplus idle links.
+Each batch runs the three phases of ``gcache.sdk.exchange`` on the IO threads while the caller
+waits: per server, ``start_*`` on a link that is then held; one copy job per ``Extent`` it
+returned, so two IO threads move two values at once (a copy runs in numpy, or NIXL polls, with
+the GIL released); per server, on the held link, ``end_*``. Over TCP the first phase moves the
+values and the batch ends there. Holding the link across phases matters: a server drops what a
+connection leases or allocates when that connection closes, and the pool may close surplus idle
+links.
 """
 
 from __future__ import annotations
@@ -15,21 +14,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gcache.errors import IOTimeout, TransportError
+from gcache.buffer import nbytes
+from gcache.errors import ConnectionLost, IOTimeout, TransportError
 from gcache.frame import Status
-from gcache.keys import checksum, group_hash
-from gcache.sdk import protocol, shm_exchange
+from gcache.keys import group_hash
+from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
+from gcache.sdk.leases import Extent
 from gcache.sdk.outcome import put_outcome, read_outcome
-from gcache.sdk.protocol import Channel, ReadResult
+from gcache.sdk.protocol import ReadResult
 from gcache.sdk.routes import Link
-from gcache.sdk.shm_exchange import Extent
-from gcache.sdk.tcp_staging import TcpStaged
 from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 PUT_CHUNK_KEYS = 256      # keys a batch put allocates, copies and commits at a time
-Held = tuple[Link, list[int], list[Extent | Status | None]]
+Held = tuple[Link, list[int], list[Any]]
 
 
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
@@ -55,39 +54,31 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
             return None
-        if link.mapping is None:
-            def over_tcp(ch: Channel) -> list[Status | Miss]:
-                with TcpStaged(d.cuda_staging) as staged:
-                    try:
-                        sent = [staged.value(values[i], f"values[{i}]") for i in idx]
-                    except PoolExhausted as exc:
-                        return _no_staging(d, len(idx), exc)
-                    return protocol.batch_put(ch, [keys[i] for i in idx], sent,
-                                              [checksum(v) for v in sent], group=placement)
-
-            _finish_puts(d, link, idx, d.run(link, over_tcp, len(idx)), values, results)
+        items = _started(d, link, len(idx), lambda ch: link.exchange.start_writes(
+            ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement))
+        if isinstance(items, Miss):
             return None
-        extents = d.run(link, lambda ch: shm_exchange.alloc_many(
-            ch, [keys[i] for i in idx], [shm_exchange.size_of(values[i]) for i in idx],
-            group=placement), len(idx))
-        return None if isinstance(extents, Miss) else (link, idx, extents)
+        if not any(isinstance(item, Extent) for item in items):
+            _finish_puts(d, link, idx, items, values, results)
+            return None
+        return link, idx, items
 
     held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
                                    for a, idx in d.plan(keys, group)]) if h is not None]
-    copies = [(link, i, extent) for link, idx, extents in held
-              for i, extent in zip(idx, extents) if extent is not None]
-    digests = d.parallel([lambda m=link.mapping, i=i, e=e: _copy_in(d, m, e, values[i])
+    copies = [(link, i, extent) for link, idx, items in held
+              for i, extent in zip(idx, items) if isinstance(extent, Extent)]
+    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(d, link, e, values[i])
                           for link, i, e in copies])
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
-    def commit(link: Link, idx: list[int], extents: list[Extent | None]) -> None:
+    def commit(link: Link, idx: list[int], items: list[Any]) -> None:
         # A value whose copy failed is not committed: the server drops its extent at the TTL.
-        todo = [(i, e) for i, e in zip(idx, extents)
-                if e is not None and digest_of[i] is not None]
-        statuses = d.run(link, lambda ch: shm_exchange.commit_many(
-            ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]),
-            len(todo))
-        by_key = dict.fromkeys(idx, Status.NO_SPACE)
+        todo = [(i, e) for i, e in zip(idx, items)
+                if isinstance(e, Extent) and digest_of[i] is not None]
+        statuses = d.run(link, lambda ch: link.exchange.end_writes(
+            ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]), len(todo))
+        # a failed copy is a miss counted already; a key with no extent has its status
+        by_key = {i: MISS if isinstance(e, Extent) else e for i, e in zip(idx, items)}
         if not isinstance(statuses, Miss):
             by_key.update({i: s for (i, _), s in zip(todo, statuses)})
         _finish_puts(d, link, idx, MISS if isinstance(statuses, Miss) else
@@ -97,58 +88,71 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
     return results
 
 
-def _copy_in(d: Dispatcher, mapping: Any, extent: Extent, value: Any) -> int | None:
+def _started(d: Dispatcher, link: Link, n_keys: int, start: Any) -> list[Any] | Miss:
+    """A batch's first phase on ``link``; staging that ran out is ``staging`` misses."""
+    try:
+        return d.run(link, start, n_keys)
+    except PoolExhausted as exc:
+        return _no_staging(d, n_keys, exc)
+
+
+def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any) -> int | None:
     """One value's copy into the arena; None (counted as a miss) when it failed."""
     try:
-        return shm_exchange.copy_in(mapping, extent, value)
+        return link.exchange.copy_in(extent, value)
     except TransportError as exc:
-        d.stats.miss("timeout" if isinstance(exc, IOTimeout) else "protocol", 1)
-        log.warning("sdk.copy_failed bytes=%d detail=%s", extent.length, exc)
+        _copy_failed(d, link, extent, exc)
         return None
 
 
-def _copy_out(d: Dispatcher, mapping: Any, extent: Extent, target: Any,
+def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: Any,
               verify: bool) -> ReadResult | None:
     """One value's copy out of the arena; None (counted as a miss) when the server named
-    memory outside its arena."""
+    memory outside its arena or the transfer failed."""
     try:
         return ReadResult(target, extent.length,
-                          shm_exchange.copy_out(mapping, extent, target, verify=verify))
+                          link.exchange.copy_out(extent, target, verify=verify))
     except TransportError as exc:
-        d.stats.miss("protocol", 1)
-        log.warning("sdk.copy_failed bytes=%d detail=%s", extent.length, exc)
+        _copy_failed(d, link, extent, exc)
         return None
 
 
-def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Status] | Miss,
+def _copy_failed(d: Dispatcher, link: Link, extent: Extent, exc: TransportError) -> None:
+    """A lost transfer (a NIXL agent gone) forgets the route, so the next link adds the
+    server's agent afresh; the control link carries on for the batch's other keys."""
+    if isinstance(exc, ConnectionLost):
+        reason = "connection_lost"
+        d.routes.forget(link.address)
+    else:
+        reason = "timeout" if isinstance(exc, IOTimeout) else "protocol"
+    d.stats.miss(reason, 1)
+    log.warning("sdk.copy_failed server=%s bytes=%d reason=%s detail=%s", link.address,
+                extent.length, reason, exc)
+
+
+def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Any] | Miss,
                  values: list[Any], results: list[bool]) -> None:
     if isinstance(statuses, Miss):
         return                                    # the link is closed, the misses counted
     d.release(link)
     for n, i in enumerate(idx):
-        results[i] = put_outcome(d.stats, statuses[n], shm_exchange.size_of(values[i]))
+        results[i] = put_outcome(d.stats, statuses[n], nbytes(values[i]))
 
 
 def read_one(d: Dispatcher, key: bytes, out: Any,
              group: bytes | None) -> ReadResult | Status | None | Miss:
-    """One key's read on its owner: LEASE and copy over shared memory, GET over TCP."""
+    """One key's read on its owner, over its link's exchange."""
     verify = d.config.verify_checksum
-
-    def exchange(ch: Channel) -> ReadResult | Status | None:
-        if ch.mapping is not None:
-            return shm_exchange.read_value(ch, key, out, verify=verify)
-        with TcpStaged(d.cuda_staging) as staged:
-            target = staged.target(out)
-            return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
-
-    return call_staged(d, d.owner(key, group), exchange)
+    return call_staged(d, d.owner(key, group),
+                       lambda x, ch: x.read(ch, key, out, verify=verify))
 
 
 def call_staged(d: Dispatcher, address: str | None, exchange: Any) -> Any:
-    """``d.call`` of a one-key exchange that may stage a CUDA buffer: no pinned buffer in time
-    is a ``staging`` miss (the link was closed before any IO on it), not a failed server."""
+    """``d.call_exchange`` of a one-key operation that may stage a CUDA buffer: no pinned buffer
+    in time is a ``staging`` miss (the link was closed before any IO on it), not a failed
+    server."""
     try:
-        return d.call(address, exchange)
+        return d.call_exchange(address, exchange)
     except PoolExhausted as exc:
         return _no_staging(d, 1, exc)[0]
 
@@ -176,47 +180,36 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
             return None
-        if link.mapping is None:
-            def over_tcp(ch: Channel) -> list[ReadResult | Status | None | Miss]:
-                with TcpStaged(d.cuda_staging) as staged:
-                    try:
-                        targets = None if outs is None else \
-                            [staged.target(outs[i], f"outs[{i}]") for i in idx]
-                    except PoolExhausted as exc:
-                        return _no_staging(d, len(idx), exc)
-                    found = protocol.batch_read_values(ch, [keys[i] for i in idx], targets,
-                                                       verify=verify)
-                    return found if targets is None else \
-                        [staged.land(t, r) for t, r in zip(targets, found)]
-
-            found = d.run(link, over_tcp, len(idx))
-            if not isinstance(found, Miss):
-                d.release(link)
-                for n, i in enumerate(idx):
-                    if found[n] is Status.NO_SPACE:
-                        again.append(i)
-                    else:
-                        results[i] = read_outcome(d.stats, found[n], want_bytes=want_bytes)
+        items = _started(d, link, len(idx), lambda ch: link.exchange.start_reads(
+            ch, [keys[i] for i in idx], None if outs is None else [outs[i] for i in idx],
+            verify=verify))
+        if isinstance(items, Miss):
             return None
-        extents = d.run(link, lambda ch: shm_exchange.lease_many(ch, [keys[i] for i in idx]),
-                        len(idx))
-        return None if isinstance(extents, Miss) else (link, idx, extents)
+        if any(isinstance(item, Extent) for item in items):
+            return link, idx, items
+        d.release(link)
+        settle(idx, items)
+        return None
+
+    def settle(idx: list[int], items: list[Any]) -> None:
+        """Keys answered in the first phase: results, misses, or NO_SPACE to ask again."""
+        for i, item in zip(idx, items):
+            if item is Status.NO_SPACE:
+                again.append(i)
+            elif not isinstance(item, Extent):
+                results[i] = read_outcome(d.stats, item, want_bytes=want_bytes)
 
     held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     try:
         copies = _read_copies(held, outs)
-        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link.mapping, e, t, verify)
+        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link, e, t, verify)
                             for link, _, e, t in copies])
         for (_, i, _, _), result in zip(copies, found):
             if result is not None:
                 results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
-        for _, idx, extents in held:
-            for i, extent in zip(idx, extents):
-                if extent is Status.NO_SPACE:
-                    again.append(i)
-                elif extent is None:
-                    results[i] = read_outcome(d.stats, None, want_bytes=want_bytes)
+        for _, idx, items in held:
+            settle(idx, items)
     finally:
         for link, _, extents in held:
             handles = [e.handle for e in extents if isinstance(e, Extent)]
@@ -232,20 +225,20 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
 
 
 def _read_copies(held: list[Held], outs: list[Any] | None) -> list[tuple[Link, int, Extent, Any]]:
-    """The copy jobs of a shared-memory batch read; InvalidRequest if an ``out`` is too small."""
+    """The copy jobs of a batch read's extents; InvalidRequest if an ``out`` is too small."""
     copies = []
     for link, idx, extents in held:
         for i, extent in zip(idx, extents):
             if not isinstance(extent, Extent):
                 continue
             target = memoryview(bytearray(extent.length)) if outs is None else outs[i]
-            protocol.check_fits(shm_exchange.size_of(target), extent.length, f"outs[{i}]")
+            protocol.check_fits(nbytes(target), extent.length, f"outs[{i}]")
             copies.append((link, i, extent, target))
     return copies
 
 
 def _release(d: Dispatcher, link: Link, handles: list[int]) -> None:
-    if not isinstance(d.run(link, lambda ch: shm_exchange.release(ch, handles), 0), Miss):
+    if not isinstance(d.run(link, lambda ch: link.exchange.end_reads(ch, handles), 0), Miss):
         d.release(link)
 
 

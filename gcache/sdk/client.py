@@ -22,17 +22,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from gcache.buffer import as_memoryview, is_cuda_tensor
+from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
-from gcache.frame import Status
 from gcache.keys import group_hash, validate_key
-from gcache.sdk import batch, protocol, shm_exchange
+from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
-from gcache.sdk.protocol import Channel
-from gcache.sdk.tcp_staging import TcpStaged
 from gcache.transport.cuda import after_callers_work
 from gcache.transport.master_rpc import MasterLink, parse_masters
 
@@ -99,7 +96,7 @@ class Client:
             view = value
         else:
             view = as_memoryview(value, writable=False, what=what)
-        size = shm_exchange.size_of(view)
+        size = nbytes(view)
         if size == 0:
             raise ValueError(f"{what} is empty; a value is 1..{self.config.max_value_size} bytes")
         if size > self.config.max_value_size:
@@ -132,17 +129,9 @@ class Client:
         self._stats.request("put")
 
         placement = group_hash(group)
-
-        def exchange(ch: Channel) -> Status:
-            if ch.mapping is not None:
-                return shm_exchange.write_value(ch, key, value, group=placement)
-            with TcpStaged(self._d.cuda_staging) as staged:    # a CUDA value: a host copy
-                return protocol.put(ch, key, staged.value(value), io_size=self.config.io_size,
-                                    group=placement)
-
-        return put_outcome(self._stats, batch.call_staged(self._d, self._d.owner(key, group),
-                                                          exchange),
-                           shm_exchange.size_of(value))
+        status = batch.call_staged(self._d, self._d.owner(key, group),
+                                   lambda x, ch: x.write(ch, key, value, group=placement))
+        return put_outcome(self._stats, status, nbytes(value))
 
     def get(self, key: Any, *, group: Any = None) -> bytes | None:
         """The value of ``key`` as bytes, or None on a miss of any cause."""
@@ -217,11 +206,22 @@ class Client:
         self._d.parallel([lambda a=a, idx=idx: work(a, idx) for a, idx in self._d.plan(raw, grp)])
         return results
 
+    # ---- NIXL ---------------------------------------------------------------------------------
+
+    def register_buffer(self, buffer: Any) -> bool:
+        """Register ``buffer`` (host memory, or a CUDA tensor as VRAM) for NIXL once, so that
+        reads into it and writes from it move without a bounce copy: a GPU host's KV goes
+        straight between the NIC and GPU memory. Keep it alive while it is registered (until
+        ``close``). False, and nothing done, when this client will never use NIXL
+        (``transport`` tcp or shm, or auto on a host without an RDMA NIC)."""
+        return self._d.routes.register_buffer(buffer)
+
     # ---- introspection --------------------------------------------------------------------------
 
     def stats(self, *, tiers: bool = False) -> dict:
-        """Counters of this client (hits, misses by reason, bytes), suspect servers and which
-        servers are reached over shared memory. With ``tiers``, also ``tiers``: the servers'
+        """Counters of this client (hits, misses by reason, bytes), suspect servers, the
+        transport each server is reached over (``transports``; ``shm_servers`` too) and the
+        memory regions registered for NIXL. With ``tiers``, also ``tiers``: the servers'
         per-tier counters (hot, cold) summed over the servers that answered (a STAT each)."""
         out = self._stats.snapshot()
         if tiers:
@@ -230,6 +230,8 @@ class Client:
         out["map_epoch"] = self._d.epoch
         out["suspect_servers"] = self._d.pool.suspects()
         out["shm_servers"] = [a for a in out["servers"] if self._d.routes.is_shm(a)]
+        out["transports"] = {a: self._d.routes.transport_of(a) for a in out["servers"]}
+        out["nixl_regions"] = self._d.routes.nixl_regions()     # registered, bounce included
         return out
 
     def server_stats(self) -> dict[str, dict | None]:

@@ -19,6 +19,7 @@ from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout,
                            ServerError, TransportError)
 from gcache.keys import key_hash
 from gcache.ring import Ring
+from gcache.sdk.exchange import Exchange
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.pool import ServerPool
 from gcache.sdk.protocol import Channel
@@ -62,13 +63,16 @@ class Dispatcher:
         self._placement: tuple[Ring, dict[str, str]] = (Ring({}), {})
         if config.servers:
             self.set_members(0, {a: (a, 1.0) for a in config.servers})
+        self._cuda_staging: Any = None
+        self._staging_lock = threading.Lock()
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
-                             io_size=config.io_size, token=config.token)
+                             io_size=config.io_size, token=config.token,
+                             staging=self.cuda_staging,
+                             transfers_in_flight=config.transfers_in_flight,
+                             nixl_devices=config.nixl_devices)
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
                                idle_max=config.io_threads + 1)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io")
-        self._cuda_staging: Any = None
-        self._staging_lock = threading.Lock()
 
     def cuda_staging(self) -> Any:
         """This client's pinned staging for CUDA tensors on TCP links (made on first use)."""
@@ -82,6 +86,7 @@ class Dispatcher:
     def close(self) -> None:
         self._io.shutdown(wait=True)
         self.pool.close()
+        self.routes.close()
 
     # ---- placement ------------------------------------------------------------------------------
 
@@ -150,7 +155,7 @@ class Dispatcher:
     def run(self, link: Link, fn: Callable[[Channel], T], n_keys: int) -> T | Miss:
         """Run ``fn`` on ``link``; on failure the link is closed and the keys counted as misses."""
         try:
-            return fn(Channel(link.conn, timeout_s=self.config.timeout_s, mapping=link.mapping,
+            return fn(Channel(link.conn, timeout_s=self.config.timeout_s,
                               max_value_size=self.config.max_value_size))
         except (TransportError, ProtocolError, ServerError) as exc:
             return self._failed(link, link.address, exc, n_keys)
@@ -163,10 +168,15 @@ class Dispatcher:
 
     def call(self, address: str | None, fn: Callable[[Channel], T], n_keys: int = 1) -> T | Miss:
         """Acquire a link to ``address``, run ``fn`` on it, give it back: the one-phase case."""
+        return self.call_exchange(address, lambda _, ch: fn(ch), n_keys)
+
+    def call_exchange(self, address: str | None, fn: Callable[[Exchange, Channel], T],
+                      n_keys: int = 1) -> T | Miss:
+        """``call`` for a function of the link's exchange too (the value-moving operations)."""
         link = self.acquire(address, n_keys)
         if isinstance(link, Miss):
             return MISS
-        result = self.run(link, fn, n_keys)
+        result = self.run(link, lambda ch: fn(link.exchange, ch), n_keys)
         if result is not MISS:
             self.pool.release(link)
         return result

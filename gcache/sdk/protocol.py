@@ -25,7 +25,6 @@ from gcache.errors import InvalidRequest, ProtocolError
 from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
                           Header, Op, Status, encode_keys, raise_for_status, unpack_header)
 from gcache.keys import checksum_stream
-from gcache.transport.shm import ArenaMapping
 from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42        # a batch reply's whole payload; each part is checked too
@@ -43,21 +42,19 @@ class ReadResult:
 
 
 class Channel:
-    """One connection plus the request ids and timeout used on it, and the server's arena
-    mapping when the connection is a same-host one.
+    """One connection plus the request ids and timeout used on it.
 
     A server's word is checked before the SDK acts on it: a reply that announces more than
     ``max_value_size`` for one value, or more than a small reply can hold, is a ProtocolError
     (a miss) before anything is allocated for it.
     """
 
-    __slots__ = ("conn", "timeout_s", "mapping", "max_value_size", "_next_id")
+    __slots__ = ("conn", "timeout_s", "max_value_size", "_next_id")
 
     def __init__(self, conn: StreamConnection, *, timeout_s: float,
-                 mapping: ArenaMapping | None = None, max_value_size: int = 1 << 30) -> None:
+                 max_value_size: int = 1 << 30) -> None:
         self.conn = conn
         self.timeout_s = timeout_s
-        self.mapping = mapping
         self.max_value_size = max_value_size
         self._next_id = 0
 

@@ -215,6 +215,15 @@ class Arena:
         self._on_evict = on_evict
         self.require_clean = False    # with a cold tier, only clean spans may be reused
 
+    @property
+    def address(self) -> int:
+        """Where the mapping starts in this process (what NIXL registers)."""
+        array = np.frombuffer(self._mmap, dtype=np.uint8)
+        try:
+            return array.ctypes.data
+        finally:
+            del array                     # no export left behind: close() must unmap
+
     def _prefault(self) -> None:
         populate = getattr(mmap, "MADV_POPULATE_WRITE", None)
         if populate is not None:

@@ -17,6 +17,7 @@ import os
 import random
 import threading
 import time
+from typing import Any
 
 from gcache.config import ServerConfig
 from gcache.errors import TransportError
@@ -51,6 +52,12 @@ class DataServer:
                       "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
                       "max_value_size": config.max_value_size,
                       "lease_ttl_ms": int(config.lease_ttl_s * 1000)}
+        self._nixl: Any = None
+        if config.nixl:
+            from gcache.server.nixl_offer import offer_arena
+            offered = offer_arena(self.tier.arena, devices=config.nixl_devices)
+            if offered is not None:
+                self._nixl, self.hello["nixl"] = offered
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._conns: dict[StreamConnection, tuple[threading.Thread, ConnectionHandler]] = {}
@@ -163,6 +170,8 @@ class DataServer:
         deadline = time.monotonic() + join_s
         for thread in [t for _, (t, _h) in conns] + self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self._nixl is not None:
+            self._nixl.close()              # deregistered before the arena is unmapped
         self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches
 
 

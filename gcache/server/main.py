@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
     parser.add_argument("--no-prefault", dest="prefault", action="store_const", const=False,
                         help="do not touch arena pages at start")
+    parser.add_argument("--no-nixl", dest="nixl", action="store_const", const=False,
+                        help="do not offer the arena over NIXL (RDMA / GPU Direct)")
+    parser.add_argument("--nixl", dest="nixl", action="store_const", const=True,
+                        help="offer it (the default when nixl-cu12 imports)")
+    parser.add_argument("--nixl-devices", dest="nixl_devices",
+                        help="UCX devices for NIXL, comma separated (e.g. mlx5_0:1)")
     parser.add_argument("--disk-dir", dest="disk_dir", help="cold tier directory (NVMe)")
     parser.add_argument("--disk-capacity", dest="disk_capacity", help="cold tier size, e.g. 1TiB")
     parser.add_argument("--disk-format", dest="disk_format", choices=("segments", "blobs"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gcache.buffer import device_bytes
-from gcache.keys import Hasher
+from gcache.keys import Hasher, checksum
 from gcache.transport.shm import ArenaMapping
 
 _REGISTER_PORTABLE = 0x01
@@ -46,10 +46,6 @@ def _host_view(mapping: ArenaMapping, offset: int, length: int) -> Any:
     return torch.from_numpy(mapping.array[offset:offset + length])
 
 
-def cuda_nbytes(tensor: Any) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
                    hasher: Hasher | None) -> None:
     """Copy arena bytes ``[offset, offset+length)`` into the CUDA tensor ``out``."""
@@ -68,3 +64,16 @@ def write_from_cuda(mapping: ArenaMapping, offset: int, value: Any,
     _host_view(mapping, offset, flat.numel()).copy_(flat, non_blocking=False)
     if hasher is not None:
         hasher.update(memoryview(mapping.array[offset:offset + flat.numel()]))
+
+
+def cuda_digest(tensor: Any, length: int) -> int:
+    """xxh3_64 of a CUDA tensor's first ``length`` bytes, from a host copy: GPU Direct moves KV
+    without the host, but a value is still checked end to end (``verify_checksum=False``
+    skips the read side of it)."""
+    host = device_bytes(tensor, what="value")[:length].cpu()
+    return checksum(memoryview(host.numpy()))
+
+
+def cuda_address(tensor: Any) -> tuple[int, int]:
+    """(device pointer, GPU index) of a CUDA tensor's first byte."""
+    return tensor.data_ptr(), tensor.device.index or 0

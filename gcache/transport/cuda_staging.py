@@ -16,8 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gcache.buffer import device_bytes
-from gcache.transport.cuda import cuda_nbytes
+from gcache.buffer import device_bytes, nbytes
 from gcache.transport.pinned import PinnedPool
 
 
@@ -49,7 +48,7 @@ class CudaStaging:
 
     def host_for(self, tensor: Any) -> Any:
         """A pinned buffer to receive ``tensor``'s bytes into."""
-        return self.pool.take(cuda_nbytes(tensor), timeout_s=self.wait_s)
+        return self.pool.take(nbytes(tensor), timeout_s=self.wait_s)
 
     def to_device(self, host: Any, tensor: Any, n_bytes: int, what: str = "out") -> None:
         """Copy ``host[:n_bytes]`` into the start of ``tensor``, complete on return."""

@@ -7,9 +7,9 @@ the event of its last copy has completed. The pool holds at most ``cap_bytes``: 
 would pass it waits, up to ``timeout_s``, for a buffer to come back, then raises
 ``PoolExhausted`` (the caller counts a miss or a failed save; memory stays bounded). Free
 buffers of other size classes are dropped to make room; torch's own pinned-memory cache keeps
-what they held for later pins, so the process's pinned memory can reach about twice the cap. torch is
-imported when the first buffer is made; on a host without CUDA (``pin=False``) the buffers are
-plain host tensors.
+what they held for later pins, so the process's pinned memory can reach about twice the cap.
+torch is imported when the first buffer is made; on a host without CUDA (``pin=False``) the
+buffers are plain host tensors.
 """
 
 from __future__ import annotations

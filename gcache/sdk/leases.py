@@ -1,0 +1,206 @@
+"""The frames of the exchanges where the client moves a value's bytes itself (shared memory,
+NIXL): LEASE / BATCH_LEASE and RELEASE around a read, ALLOC and COMMIT around a write, on the
+link's control connection; and ``LeasedExchange``, those exchanges' common part. Only the
+bytes' path (``copy_out`` / ``copy_in``) differs between those transports; the frames and
+their rules do not.
+
+Batches lease with one request per server and allocate and commit with a bounded pipeline of
+requests. RELEASE never waits for a reply: it costs a send, not a round trip.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gcache.buffer import nbytes
+from gcache.errors import IOTimeout, ProtocolError
+from gcache.frame import FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys, \
+    raise_for_status
+from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
+
+PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """Where a leased or allocated value lives in the arena; ``write_by_s`` (monotonic) is
+    when an allocated extent stops being safe to write (half the server's lease TTL after the
+    ALLOC was sent)."""
+
+    handle: int
+    offset: int
+    length: int
+    checksum: int = 0
+    write_by_s: float = math.inf
+
+
+class WriteWindowPassed(IOTimeout):
+    """The server's TTL for an allocated extent is (nearly) over: writing on could land in
+    memory it has handed to another value."""
+
+
+def check_window(extent: Extent) -> None:
+    if time.monotonic() > extent.write_by_s:
+        raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
+
+
+def lease(ch: Channel, key: bytes) -> Extent | Status | None:
+    """One LEASE: the value's extent, None when absent, NO_SPACE when it is on the server's
+    disk with no room in memory to bring it up now."""
+    reply = ch.reply(ch.request(Op.LEASE, key=key))
+    if reply.status == Status.NO_SPACE:
+        return Status.NO_SPACE
+    raise_for_status(reply, "LEASE")
+    if reply.status == Status.NOT_FOUND:
+        return None
+    ch.check_value_length(reply.length)
+    return Extent(reply.handle, reply.offset, reply.length, reply.checksum)
+
+
+def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | Status | None]:
+    """One BATCH_LEASE; None for each absent key, NO_SPACE for each the server could not bring
+    up from disk now."""
+    reply = ch.reply(ch.request(Op.BATCH_LEASE, payload=(encode_keys(keys),), count=len(keys)))
+    raise_for_status(reply, "BATCH_LEASE")
+    raw = ch.payload(reply, limit=len(keys) * LEASE_ENTRY.size)
+    if len(raw) != len(keys) * LEASE_ENTRY.size:
+        raise ProtocolError(f"BATCH_LEASE answered {len(raw)} bytes for {len(keys)} keys")
+    extents: list[Extent | Status | None] = []
+    for i in range(len(keys)):
+        status, handle, offset, length, csum = LEASE_ENTRY.unpack_from(raw, i * LEASE_ENTRY.size)
+        if status == Status.OK:
+            ch.check_value_length(length)
+            extents.append(Extent(handle, offset, length, csum))
+        else:
+            extents.append(Status.NO_SPACE if status == Status.NO_SPACE else None)
+    return extents
+
+
+def release(ch: Channel, handles: Sequence[int]) -> None:
+    """Drop leases without waiting for (or getting) a reply."""
+    if len(handles) == 1:
+        ch.request(Op.RELEASE, handle=handles[0], flags=FLAG_NO_REPLY)
+    elif handles:
+        payload = b"".join(HANDLE.pack(h) for h in handles)
+        ch.request(Op.RELEASE, payload=(payload,), count=len(handles), flags=FLAG_NO_REPLY)
+
+
+def alloc(ch: Channel, key: bytes, size: int, *, group: int,
+          window_s: float) -> Extent | Status:
+    """One ALLOC: the extent to write, or NO_SPACE."""
+    asked_s = time.monotonic()
+    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group))
+    raise_for_status_except_space(reply, "ALLOC")
+    if reply.status != Status.OK:
+        return reply.status
+    return _allocated(reply.handle, reply.offset, reply.length, size, asked_s + window_s)
+
+
+def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, group: int,
+               window_s: float) -> list[Extent | Status]:
+    """Pipelined ALLOCs; NO_SPACE where the server had no room."""
+    extents: list[Extent | Status] = []
+    write_by_s = time.monotonic() + window_s
+    for n, reply in enumerate(_pipelined(ch, [dict(key=k, length=size, handle=group)
+                                              for k, size in zip(keys, sizes)], Op.ALLOC)):
+        raise_for_status_except_space(reply, "ALLOC")
+        extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], write_by_s)
+                       if reply.status == Status.OK else Status.NO_SPACE)
+    return extents
+
+
+def _allocated(handle: int, offset: int, length: int, asked: int, write_by_s: float) -> Extent:
+    """The extent an ALLOC reply names, writable until ``write_by_s`` (counted from when the
+    request was sent: the server's TTL starts later, never earlier); ProtocolError when the
+    server answered another length than asked for."""
+    if length != asked:
+        raise ProtocolError(f"ALLOC of {asked} bytes answered with {length}")
+    return Extent(handle, offset, length, write_by_s=write_by_s)
+
+
+def commit(ch: Channel, handle: int, digest: int) -> Status:
+    """COMMIT: OK, NO_SPACE or CHECKSUM_MISMATCH (the server's hash of the arena bytes)."""
+    reply = ch.reply(ch.request(Op.COMMIT, handle=handle, checksum=digest))
+    raise_for_status_except_space(reply, "COMMIT")
+    return reply.status
+
+
+def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
+    """Pipelined COMMITs, in order."""
+    statuses = []
+    for reply in _pipelined(ch, [dict(handle=h, checksum=d) for h, d in zip(handles, digests)],
+                            Op.COMMIT):
+        raise_for_status_except_space(reply, "COMMIT")
+        statuses.append(reply.status)
+    return statuses
+
+
+def _pipelined(ch: Channel, requests: list[dict], op: Op) -> Iterator:
+    """Send ``requests`` at most ``PIPELINE_WINDOW`` ahead of the replies read, yielding the
+    replies in order. Unbounded pipelining deadlocks: a socket's buffer is charged per
+    message, so a few hundred small frames fill it while the server, blocked sending replies
+    nobody reads yet, stops reading."""
+    pending: deque = deque()
+    for fields in requests:
+        pending.append(ch.request(op, **fields))
+        if len(pending) >= PIPELINE_WINDOW:
+            yield ch.reply(pending.popleft())
+    while pending:
+        yield ch.reply(pending.popleft())
+
+
+class LeasedExchange(ABC):
+    """An ``Exchange`` over leases: subclasses move the bytes and set ``write_window_s``."""
+
+    write_window_s: float
+
+    @abstractmethod
+    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+        """One leased value into ``out``; False when its checksum does not hold."""
+
+    @abstractmethod
+    def copy_in(self, extent: Extent, value: Any) -> int:
+        """One value into its allocated extent; its checksum."""
+
+    def read(self, ch: Channel, key: bytes, out: Any, *,
+             verify: bool) -> ReadResult | Status | None:
+        """LEASE, copy, RELEASE."""
+        extent = lease(ch, key)
+        if not isinstance(extent, Extent):
+            return extent
+        try:
+            target = memoryview(bytearray(extent.length)) if out is None else out
+            check_fits(nbytes(target), extent.length, "out")
+            ok = self.copy_out(extent, target, verify=verify)
+        finally:
+            release(ch, [extent.handle])
+        return ReadResult(target, extent.length, ok)
+
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+        """ALLOC, copy, COMMIT (the server hashes the arena bytes and compares)."""
+        extent = alloc(ch, key, nbytes(value), group=group, window_s=self.write_window_s)
+        if not isinstance(extent, Extent):
+            return extent
+        return commit(ch, extent.handle, self.copy_in(extent, value))
+
+    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+                    verify: bool) -> list[Extent | Status | None]:
+        return lease_many(ch, keys)
+
+    def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
+        release(ch, handles)
+
+    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
+                     group: int) -> list[Extent | Status]:
+        return alloc_many(ch, keys, [nbytes(v) for v in values], group=group,
+                          window_s=self.write_window_s)
+
+    def end_writes(self, ch: Channel, handles: Sequence[int],
+                   digests: Sequence[int]) -> list[Status]:
+        return commit_many(ch, handles, digests)

@@ -1,0 +1,136 @@
+"""The ``nixl`` exchange: the control frames of ``gcache.sdk.leases`` on the TCP connection, the
+values by NIXL READ / WRITE of the server's registered arena (``gcache.transport.nixl``).
+
+A buffer the caller registered (``Client.register_buffer``) is the transfer's own end: the NIC
+reads or writes it directly, and a CUDA tensor registered as VRAM is GPU Direct. Any other host
+buffer moves through the client's bounce slots, one ``io_size`` piece at a time, copied (and
+hashed) while the piece is cache-warm; any other CUDA tensor is staged through pinned host
+memory first, as on TCP. Checksums hold on every path: reads hash what landed, writes hash the
+value before it leaves and COMMIT has the server hash the arena bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gcache.buffer import is_cuda_tensor
+from gcache.errors import ProtocolError
+from gcache.keys import checksum, checksum_stream
+from gcache.sdk.leases import Extent, LeasedExchange, check_window
+from gcache.sdk.protocol import ReadResult
+from gcache.sdk.tcp_staging import TcpStaged
+from gcache.transport.nixl import BounceSlots, NixlAgent, Region
+
+
+class NixlExchange(LeasedExchange):
+    name = "nixl"
+
+    def __init__(self, agent: NixlAgent, bounce: BounceSlots, *, remote: str, metadata: bytes,
+                 arena_address: int, arena_bytes: int, write_window_s: float, io_size: int,
+                 timeout_s: float, staging: Callable[[], Any]) -> None:
+        self.agent, self.bounce = agent, bounce
+        self.remote, self.metadata = remote, metadata
+        self.arena_address, self.arena_bytes = arena_address, arena_bytes
+        self.write_window_s = write_window_s
+        self._io_size, self._timeout_s = io_size, timeout_s
+        self._staging = staging
+
+    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+        remote = self._remote_of(extent)
+        if is_cuda_tensor(out) and self._registered(out, extent.length) is None:
+            with TcpStaged(self._staging) as staged:            # unregistered GPU memory
+                host = staged.target(out)
+                ok = self._read_host(remote, extent, host, verify)
+                staged.land(host, ReadResult(host, extent.length, ok))
+                return ok
+        if is_cuda_tensor(out):
+            self._move("READ", self._registered(out, extent.length), remote, extent.length)
+            if not verify:
+                return True
+            from gcache.transport.cuda import cuda_digest
+            return cuda_digest(out, extent.length) == extent.checksum
+        return self._read_host(remote, extent, out, verify)
+
+    def copy_in(self, extent: Extent, value: Any) -> int:
+        remote = self._remote_of(extent)
+        if is_cuda_tensor(value):
+            region = self._registered(value, extent.length)
+            if region is None:
+                with TcpStaged(self._staging) as staged:        # unregistered GPU memory
+                    return self._write_host(remote, extent, staged.value(value))
+            from gcache.transport.cuda import cuda_digest
+            digest = cuda_digest(value, extent.length)
+            check_window(extent)
+            self._move("WRITE", region, remote, extent.length)
+            return digest
+        return self._write_host(remote, extent, value)
+
+    # ---- host buffers -----------------------------------------------------------------------
+
+    def _read_host(self, remote: int, extent: Extent, out: Any, verify: bool) -> bool:
+        target = np.frombuffer(out, dtype=np.uint8, count=extent.length)
+        region = self.agent.covering(target.ctypes.data, extent.length)
+        if region is not None:
+            self._move("READ", Region(target.ctypes.data, extent.length), remote, extent.length)
+            return not verify or checksum(out[:extent.length]) == extent.checksum
+        hasher = checksum_stream() if verify else None
+        for start, size in self._pieces(extent.length):
+            slot = self.bounce.take(self._timeout_s)
+            try:
+                self._move("READ", self.bounce.region(slot), remote + start, size)
+                piece = self.bounce.array(slot)[:size]
+                if hasher is not None:
+                    hasher.update(piece)
+                target[start:start + size] = piece
+            finally:
+                self.bounce.give(slot)
+        return hasher is None or hasher.intdigest() == extent.checksum
+
+    def _write_host(self, remote: int, extent: Extent, value: Any) -> int:
+        source = np.frombuffer(value, dtype=np.uint8, count=extent.length)
+        if self.agent.covering(source.ctypes.data, extent.length) is not None:
+            digest = checksum(value[:extent.length])
+            check_window(extent)
+            self._move("WRITE", Region(source.ctypes.data, extent.length), remote,
+                       extent.length)
+            return digest
+        hasher = checksum_stream()
+        for start, size in self._pieces(extent.length):
+            slot = self.bounce.take(self._timeout_s)
+            try:
+                piece = self.bounce.array(slot)[:size]
+                piece[:] = source[start:start + size]
+                hasher.update(piece)
+                check_window(extent)
+                self._move("WRITE", self.bounce.region(slot), remote + start, size)
+            finally:
+                self.bounce.give(slot)
+        return hasher.intdigest()
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _remote_of(self, extent: Extent) -> int:
+        """The extent's address in the server's process; ProtocolError (a miss) when the server
+        named memory outside the arena it registered."""
+        if extent.offset < 0 or extent.offset + extent.length > self.arena_bytes:
+            end = extent.offset + extent.length
+            raise ProtocolError(f"server named bytes {extent.offset}..{end} outside its "
+                                f"{self.arena_bytes}-byte arena")
+        return self.arena_address + extent.offset
+
+    def _registered(self, tensor: Any, length: int) -> Region | None:
+        from gcache.transport.cuda import cuda_address
+        pointer, device = cuda_address(tensor)
+        region = self.agent.covering(pointer, length)
+        return None if region is None else Region(pointer, length, "VRAM", device)
+
+    def _pieces(self, length: int) -> list[tuple[int, int]]:
+        step = min(self._io_size, self.bounce.slot_bytes)
+        return [(start, min(step, length - start)) for start in range(0, length, step)]
+
+    def _move(self, op: str, local: Region, remote_address: int, length: int) -> None:
+        self.agent.transfer(op, local, self.remote, remote_address, length,
+                            io_size=self._io_size, timeout_s=self._timeout_s)

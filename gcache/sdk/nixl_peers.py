@@ -1,0 +1,129 @@
+"""This client's side of NIXL: one agent (made on first use), its bounce slots, the buffers the
+caller registered, and one ``NixlExchange`` per server, rebuilt when a server presents another
+agent (a restart) and dropped when its route is forgotten (a failure)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
+from typing import Any
+
+from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
+from gcache.errors import ConnectFailed, ProtocolError
+from gcache.sdk.nixl_exchange import NixlExchange
+
+BOUNCE_SLOT_MAX = 4 << 20
+
+
+class NixlPeers:
+    def __init__(self, *, io_size: int, timeout_s: float, in_flight: int,
+                 devices: Sequence[str], staging: Callable[[], Any]) -> None:
+        self._io_size, self._timeout_s = io_size, timeout_s
+        self._in_flight, self._devices = in_flight, tuple(devices)
+        self._staging = staging
+        self._lock = threading.Lock()
+        self._agent: Any = None
+        self._bounce: Any = None
+        self._exchanges: dict[str, NixlExchange] = {}
+        self._adder = ThreadPoolExecutor(1, thread_name_prefix="gcache-nixl-add")
+        self._adding: dict[bytes, Future] = {}            # metadata -> its add, done or not
+
+    def _started(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._agent is None:
+                from gcache.transport.nixl import BounceSlots, NixlAgent
+                agent = NixlAgent("client", devices=self._devices, in_flight=self._in_flight)
+                self._bounce = BounceSlots(agent, slot_bytes=min(self._io_size, BOUNCE_SLOT_MAX),
+                                           slots=self._in_flight)
+                self._agent = agent
+            return self._agent, self._bounce
+
+    def exchange(self, address: str, facts: dict, *, write_window_s: float) -> NixlExchange:
+        """The exchange for the server whose HELLO ``facts`` these are. Raises ProtocolError
+        for a malformed ``nixl`` fact, ConnectFailed when its agent cannot be added."""
+        metadata, arena_address = _nixl_fact(address, facts)
+        with self._lock:
+            known = self._exchanges.get(address)
+        if known is not None and known.metadata == metadata:
+            return known
+        if known is not None:
+            self.forget(address)                 # a restarted server: another agent
+        agent, bounce = self._started()
+        remote = self._add(address, agent, metadata)
+        exchange = NixlExchange(agent, bounce, remote=remote, metadata=metadata,
+                                arena_address=arena_address, arena_bytes=facts["arena_bytes"],
+                                write_window_s=write_window_s, io_size=self._io_size,
+                                timeout_s=self._timeout_s, staging=self._staging)
+        with self._lock:
+            self._exchanges[address] = exchange
+        return exchange
+
+    def _add(self, address: str, agent: Any, metadata: bytes) -> str:
+        """The server's agent added to ours, within one IO timeout: adding it connects to it
+        (UCX endpoints), and a server whose data port answers while its NIXL address does not
+        would hold the caller for the kernel's connect timeout (minutes). The add goes on in
+        the background; until it is done the server is a miss, never a stall."""
+        with self._lock:
+            adding = self._adding.get(metadata)
+            if adding is None or (adding.done() and adding.exception() is not None):
+                adding = self._adder.submit(agent.add_remote, metadata)
+                self._adding[metadata] = adding
+        try:
+            return adding.result(timeout=self._timeout_s)
+        except TimeoutError:
+            raise ConnectFailed(f"{address}: adding its NIXL agent took over the IO timeout "
+                                f"({self._timeout_s}s)") from None
+        except Exception as exc:                 # noqa: BLE001 - nixlBind errors
+            raise ConnectFailed(f"{address}: its NIXL agent could not be added: {exc}") from None
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            exchange = self._exchanges.pop(address, None)
+        if exchange is not None:
+            with self._lock:
+                self._adding.pop(exchange.metadata, None)
+            exchange.agent.forget_remote(exchange.metadata)
+
+    def register(self, buffer: Any) -> None:
+        """Register ``buffer`` with this client's agent (once; a part of a registered buffer
+        is registered already)."""
+        from gcache.transport.nixl import Region
+        agent, _ = self._started()
+        if is_cuda_tensor(buffer):
+            from gcache.transport.cuda import cuda_address
+            pointer, device = cuda_address(buffer)
+            agent.register(Region(pointer, nbytes(buffer), "VRAM", device))
+            return
+        import numpy as np
+        view = as_memoryview(buffer, writable=False, what="buffer")
+        if len(view) == 0:
+            raise ValueError("buffer is empty; there is nothing to register")
+        agent.register(Region(np.frombuffer(view, dtype=np.uint8).ctypes.data, len(view)))
+
+    def registered_regions(self) -> int:
+        """Regions this client's agent registered (0 before it exists)."""
+        with self._lock:
+            agent = self._agent
+        return 0 if agent is None else agent.regions()
+
+    def close(self) -> None:
+        self._adder.shutdown(wait=False, cancel_futures=True)   # a stuck add ends with us
+        with self._lock:
+            agent, self._agent, self._exchanges = self._agent, None, {}
+        if agent is not None:
+            agent.close()
+
+
+def _nixl_fact(address: str, facts: dict) -> tuple[bytes, int]:
+    fact = facts.get("nixl")
+    if not isinstance(fact, dict) or not isinstance(fact.get("metadata"), str) \
+            or not isinstance(fact.get("arena_address"), int) \
+            or not isinstance(facts.get("arena_bytes"), int):
+        raise ProtocolError(f"{address} sent a malformed nixl fact: {fact!r}")
+    try:
+        return base64.b64decode(fact["metadata"], validate=True), fact["arena_address"]
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"{address} sent NIXL metadata that is not base64") from None

@@ -1,0 +1,65 @@
+"""The ``tcp`` exchange: values inside the frames (PUT / GET, BATCH_PUT / BATCH_GET), so every
+operation and batch finishes in one request per server and returns no extents. CUDA buffers go
+through the client's pinned staging (``TcpStaged``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gcache.errors import ProtocolError
+from gcache.frame import Status
+from gcache.keys import checksum
+from gcache.sdk import protocol
+from gcache.sdk.exchange import ReadItem, WriteItem
+from gcache.sdk.leases import Extent
+from gcache.sdk.protocol import Channel, ReadResult
+from gcache.sdk.tcp_staging import TcpStaged
+
+
+class TcpExchange:
+    name = "tcp"
+
+    def __init__(self, *, io_size: int, staging: Callable[[], Any]) -> None:
+        self._io_size = io_size
+        self._staging = staging
+
+    def read(self, ch: Channel, key: bytes, out: Any, *,
+             verify: bool) -> ReadResult | Status | None:
+        with TcpStaged(self._staging) as staged:
+            target = staged.target(out)
+            return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
+
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+        with TcpStaged(self._staging) as staged:
+            return protocol.put(ch, key, staged.value(value), io_size=self._io_size, group=group)
+
+    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+                    verify: bool) -> list[ReadItem]:
+        with TcpStaged(self._staging) as staged:
+            targets = None if outs is None else \
+                [staged.target(out, f"outs[{i}]") for i, out in enumerate(outs)]
+            found = protocol.batch_read_values(ch, keys, targets, verify=verify)
+            return list(found) if targets is None else \
+                [staged.land(t, r) for t, r in zip(targets, found)]
+
+    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
+                     group: int) -> list[WriteItem]:
+        with TcpStaged(self._staging) as staged:
+            sent = [staged.value(v, f"values[{i}]") for i, v in enumerate(values)]
+            return list(protocol.batch_put(ch, keys, sent, [checksum(v) for v in sent],
+                                           group=group))
+
+    # TCP returns no extents, so a batch never gets here; a call would be a bug of ours.
+    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+        raise ProtocolError("a TCP exchange has no extents to copy out of")
+
+    def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
+        """Nothing is leased over TCP: values came with the reply."""
+
+    def copy_in(self, extent: Extent, value: Any) -> int:
+        raise ProtocolError("a TCP exchange has no extents to copy into")
+
+    def end_writes(self, ch: Channel, handles: Sequence[int],
+                   digests: Sequence[int]) -> list[Status]:
+        return []                      # nothing was allocated: the statuses came at once

@@ -1,0 +1,250 @@
+"""RDMA and GPU Direct through NIXL (``nixl-cu12``, UCX backend): one agent per process, memory
+registered once, transfers posted as descriptors of at most ``io_size`` bytes and polled to
+completion on the calling (IO) thread.
+
+A server registers its whole arena once and hands its agent's metadata to clients only in the
+reply to a successful handshake (``HELLO`` facts after ``AUTH``): the metadata carries the
+remote keys that let a peer read and write the arena. A client adds each server's agent once,
+registers its own buffers once (``register``: host memory as DRAM, CUDA tensors as VRAM, so a
+GPU host moves KV straight between the NIC and GPU memory) and READs / WRITEs extents the
+control connection leased or allocated. On hosts with RDMA NICs UCX drives them with verbs
+(RC/DC, multi-rail, GPUDirect); elsewhere the same calls run over UCX's shared-memory and TCP
+transports, which is how this module is tested.
+
+NIXL is imported here and only here, when the first agent is made; ``available()`` says whether
+it can be.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gcache.errors import ConnectionLost, IOTimeout
+
+log = logging.getLogger(__name__)
+_SPIN_POLLS = 64              # completion polls before the poller starts sleeping between them
+_POLL_SLEEP_S = 20e-6
+_names = itertools.count()
+
+
+def available() -> bool:
+    """Whether NIXL imports here (``pip install --no-deps nixl-cu12==1.5.1``)."""
+    try:
+        import nixl_cu12._api  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def has_rdma_nic(sysfs: str = "/sys") -> bool:
+    """Whether this host has an RDMA device (``/sys/class/infiniband``): what ``transport=
+    "auto"`` asks before it prefers NIXL over TCP for a remote server."""
+    try:
+        return bool(os.listdir(os.path.join(sysfs, "class", "infiniband")))
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Registered memory: ``kind`` is "DRAM" or "VRAM"; ``device`` the GPU for VRAM."""
+
+    address: int
+    length: int
+    kind: str = "DRAM"
+    device: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.address + self.length
+
+
+class NixlAgent:
+    """One NIXL agent with the UCX backend. ``devices`` is UCX's device list (for example
+    ``["mlx5_0:1"]``, from ``gcache.transport.topology``); empty lets UCX choose. Thread-safe:
+    registration and remote agents under a lock, transfers from any thread."""
+
+    def __init__(self, role: str, *, devices: Sequence[str] = (), in_flight: int = 8) -> None:
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
+
+        self.name = f"gcache-{role}-{os.getpid()}-{next(_names)}-{os.urandom(4).hex()}"
+        self._agent = nixl_agent(self.name, nixl_agent_config(enable_prog_thread=True,
+                                                              backends=[]))
+        params = {"ucx_devices": ",".join(devices)} if devices else {}
+        self._agent.create_backend("UCX", params)
+        self._lock = threading.Lock()
+        self._regions: list[Region] = []          # sorted by address
+        self._registered: list[tuple[Region, Any]] = []
+        self._remotes: dict[bytes, str] = {}      # metadata -> remote agent name
+        self._slots = threading.BoundedSemaphore(max(1, in_flight))
+
+    # ---- memory ---------------------------------------------------------------------------------
+
+    def register(self, region: Region) -> None:
+        """Register ``region`` once (a region inside one already registered is a no-op)."""
+        with self._lock:
+            if self._covering(region.address, region.length) is not None:
+                return
+            descs = self._agent.register_memory(
+                [(region.address, region.length, region.device, "")], region.kind)
+            self._registered.append((region, descs))
+            bisect.insort(self._regions, region, key=lambda r: r.address)
+
+    def covering(self, address: int, length: int) -> Region | None:
+        """The registered region holding ``[address, address + length)``, if any."""
+        with self._lock:
+            return self._covering(address, length)
+
+    def _covering(self, address: int, length: int) -> Region | None:
+        i = bisect.bisect_right([r.address for r in self._regions], address) - 1
+        if i >= 0 and address + length <= self._regions[i].end:
+            return self._regions[i]
+        return None
+
+    def regions(self) -> int:
+        """How many regions are registered (what ``register`` made, bounce slots included)."""
+        with self._lock:
+            return len(self._regions)
+
+    def metadata(self) -> bytes:
+        """What a peer needs to reach this agent's registered memory (call after register)."""
+        return self._agent.get_agent_metadata()
+
+    # ---- peers ----------------------------------------------------------------------------------
+
+    def add_remote(self, metadata: bytes) -> str:
+        """The peer agent's name; added once per metadata."""
+        with self._lock:
+            name = self._remotes.get(metadata)
+            if name is None:
+                name = self._agent.add_remote_agent(metadata)
+                if isinstance(name, bytes):
+                    name = name.decode()
+                self._remotes[metadata] = name
+            return name
+
+    def forget_remote(self, metadata: bytes) -> None:
+        """Drop a peer (a server that failed or restarted): its next metadata is added anew."""
+        with self._lock:
+            name = self._remotes.pop(metadata, None)
+        if name is not None:
+            try:
+                self._agent.remove_remote_agent(name)
+            except Exception as exc:                    # noqa: BLE001 - nothing left to undo
+                log.info("nixl.remove_remote_failed agent=%s detail=%s", name, exc)
+
+    # ---- transfers ------------------------------------------------------------------------------
+
+    def transfer(self, op: str, local: Region, remote: str, remote_address: int, length: int, *,
+                 io_size: int, timeout_s: float) -> None:
+        """Move ``length`` bytes between ``local`` (registered, its first bytes) and
+        ``remote_address`` of agent ``remote``: ``op`` "READ" pulls them here, "WRITE" pushes
+        them there. One request of ``io_size`` descriptors; at most ``in_flight`` requests of
+        this agent run at once. Raises IOTimeout or ConnectionLost (the request is released
+        either way)."""
+        deadline = time.monotonic() + timeout_s
+        if not self._slots.acquire(timeout=timeout_s):
+            raise IOTimeout(f"NIXL {op} of {length} bytes found no transfer slot in time")
+        try:
+            self._transfer(op, local, remote, remote_address, length, io_size, deadline)
+        finally:
+            self._slots.release()
+
+    def _transfer(self, op: str, local: Region, remote: str, remote_address: int, length: int,
+                  io_size: int, deadline: float) -> None:
+        pieces = [(o, min(io_size, length - o)) for o in range(0, length, io_size)]
+        try:
+            mine = self._agent.get_xfer_descs(
+                [(local.address + o, n, local.device) for o, n in pieces], local.kind)
+            theirs = self._agent.get_xfer_descs(
+                [(remote_address + o, n, 0) for o, n in pieces], "DRAM")
+            handle = self._agent.initialize_xfer(op, mine, theirs, remote)
+        except Exception as exc:                        # noqa: BLE001 - NIXL raises nixlBind errors
+            raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} could not start: "
+                                 f"{exc}") from None
+        try:
+            state = self._agent.transfer(handle)
+            polls = 0
+            while state not in ("DONE", "ERR"):
+                if time.monotonic() > deadline:
+                    raise IOTimeout(f"NIXL {op} of {length} bytes to {remote} timed out")
+                polls += 1
+                if polls > _SPIN_POLLS:
+                    time.sleep(_POLL_SLEEP_S)
+                state = self._agent.check_xfer_state(handle)
+            if state == "ERR":
+                raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} failed")
+        except (IOTimeout, ConnectionLost):
+            raise
+        except Exception as exc:                        # noqa: BLE001
+            raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} failed: {exc}") \
+                from None
+        finally:
+            self._release(handle)
+
+    def _release(self, handle: Any) -> None:
+        try:
+            self._agent.release_xfer_handle(handle)
+        except Exception as exc:                        # noqa: BLE001 - a transfer still running
+            log.warning("nixl.release_failed detail=%s", exc)
+
+    def close(self) -> None:
+        """Deregister everything (before the memory goes away) and drop the peers."""
+        with self._lock:
+            registered, self._registered, self._regions = self._registered, [], []
+            remotes, self._remotes = list(self._remotes.values()), {}
+        for name in remotes:
+            try:
+                self._agent.remove_remote_agent(name)
+            except Exception:                           # noqa: BLE001
+                pass
+        for _, descs in registered:
+            try:
+                self._agent.deregister_memory(descs)
+            except Exception as exc:                    # noqa: BLE001
+                log.warning("nixl.deregister_failed detail=%s", exc)
+
+
+class BounceSlots:
+    """Registered host memory for buffers nobody registered (a ``get``'s fresh bytes, a
+    caller's one-off array): ``slots`` pieces of ``slot_bytes``, each taken by one transfer
+    of at most that many bytes and copied to or from the caller's buffer. Registering every
+    such buffer would cost more than the copy: a registration pins pages and, on a NIC, makes
+    a memory region."""
+
+    def __init__(self, agent: NixlAgent, *, slot_bytes: int, slots: int) -> None:
+        self.slot_bytes = slot_bytes
+        self._memory = np.empty(slot_bytes * slots, dtype=np.uint8)
+        self._base = self._memory.ctypes.data
+        agent.register(Region(self._base, self._memory.nbytes))
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(slots):
+            self._free.put(i)
+
+    def take(self, timeout_s: float) -> int:
+        """A free slot's index. Raises IOTimeout when none frees up within ``timeout_s``."""
+        try:
+            return self._free.get(timeout=timeout_s)
+        except queue.Empty:
+            raise IOTimeout("every NIXL bounce slot stayed busy for one IO timeout") from None
+
+    def give(self, slot: int) -> None:
+        self._free.put(slot)
+
+    def region(self, slot: int) -> Region:
+        return Region(self._base + slot * self.slot_bytes, self.slot_bytes)
+
+    def array(self, slot: int) -> np.ndarray:
+        start = slot * self.slot_bytes
+        return self._memory[start:start + self.slot_bytes]

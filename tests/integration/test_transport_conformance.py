@@ -1,0 +1,240 @@
+"""One conformance suite for every ``Exchange`` (``gcache.sdk.exchange``): the same operations,
+batches, misses and faults over ``tcp``, ``shm`` and ``nixl`` against real servers on loopback,
+and over ``tcp`` and ``nixl`` against servers on other hosts (network namespaces joined by a
+bridge, ``tests/network_hosts.py``), where NIXL runs over UCX's TCP transport on the bridge.
+
+A transport is one of ``LINKS``; what a test needs that only some transports have (leases, the
+NIXL registration) it says with ``only``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+
+from gcache.cli.local_cluster import LocalCluster
+from gcache.sdk import Client
+from tests.conftest import FAST_SERVER_ARGS
+from tests.network_hosts import NetworkHosts, available as netns_unavailable
+
+nixl = pytest.importorskip("nixl_cu12", reason="NIXL (pip install --no-deps nixl-cu12==1.5.1)")
+
+LINKS = ["tcp", "shm", "nixl", "tcp-netns", "nixl-netns"]
+TOKEN = "conformance-token"             # off loopback a token is required; used everywhere
+SERVER_ARGS = (*FAST_SERVER_ARGS, "--nixl", "--token", TOKEN)
+SIZES = [1, 4096 + 3, 3 << 20]          # a byte, a page and a bit, several io_size pieces
+_keys = itertools.count()
+
+
+def data(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def key(prefix: str = "k") -> str:
+    return f"{prefix}/{os.getpid()}/{next(_keys)}"
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    with LocalCluster(2, memory="128MiB", server_args=SERVER_ARGS,
+                      log_dir=str(tmp_path_factory.mktemp("loopback"))) as cluster:
+        yield cluster
+
+
+# UCX held to TCP, as between machines. This process reaches the hosts through a bridge, which
+# UCX's TCP transport uses only when told (tests/conftest.py does) and only when the bridge was
+# there before the process's first agent: UCX lists a process's interfaces once.
+NETNS_UCX = {"UCX_TLS": "tcp"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def other_hosts(tmp_path_factory):
+    """Two servers on two network hosts, started under ``NETNS_UCX``; made before any other
+    fixture of this module (autouse), so before any agent of ours. None where namespaces
+    cannot be made here."""
+    if netns_unavailable() is not None:
+        yield None
+        return
+    with NetworkHosts(2) as net, pytest.MonkeyPatch.context() as env:
+        for name, value in NETNS_UCX.items():
+            env.setenv(name, value)                 # for the servers' start only
+        cluster = LocalCluster(2, memory="128MiB", server_args=SERVER_ARGS, hosts=net.hosts(),
+                               log_dir=str(tmp_path_factory.mktemp("netns")))
+        cluster.start()
+        env.undo()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(params=LINKS)
+def link(request, monkeypatch):
+    """(transport, cluster) for one of ``LINKS``; across hosts our agents use ``NETNS_UCX``."""
+    transport, _, where = request.param.partition("-")
+    cluster = request.getfixturevalue("other_hosts" if where else "loopback")
+    if cluster is None:
+        pytest.skip(netns_unavailable())
+    if where:
+        for name, value in NETNS_UCX.items():
+            monkeypatch.setenv(name, value)
+    return transport, cluster
+
+
+@pytest.fixture
+def client(link):
+    transport, cluster = link
+    with Client(cluster.addresses, timeout_s=5.0, transport=transport, token=TOKEN) as c:
+        yield c
+        stats = c.stats()
+        reached = {t for t in stats["transports"].values() if t is not None}
+        assert reached <= {transport}, f"asked for {transport}, reached over {reached}"
+
+
+def only(client, *transports: str) -> str:
+    transport = client.config.transport
+    if transport not in transports:
+        pytest.skip(f"{transport} has no such thing (only {', '.join(transports)})")
+    return transport
+
+
+# ---- every operation ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", SIZES)
+def test_every_operation_round_trips(client, size):
+    raw, k = data(size, size), key()
+    assert client.put(k, raw) is True
+    assert client.exists(k) is True
+    assert client.get(k) == raw
+    out = np.zeros(size + 5, dtype=np.uint8)
+    assert client.get_into(k, out) == size and out[:size].tobytes() == raw
+    assert client.put_async(k, raw[::-1]).result() is True          # replaced
+    assert client.get_async(k).result() == raw[::-1]
+    assert client.get_into_async(k, out).result() == size and out[:size].tobytes() == raw[::-1]
+    assert client.delete(k) is True
+    assert client.exists(k) is False and client.get(k) is None
+    assert client.delete(k) is False
+
+
+def test_batches_span_both_servers_with_absent_keys_among_them(client):
+    keys = [key("batch") for _ in range(40)]
+    values = [data(1000 + 997 * i, i) for i in range(40)]
+    assert client.batch_put(keys, values) == [True] * 40
+    asked = keys + [key("never")]
+    assert client.batch_exists(asked) == [True] * 40 + [False]
+    assert client.batch_get(asked) == values + [None]
+    outs = [np.zeros(len(v), dtype=np.uint8) for v in values] + [np.zeros(8, dtype=np.uint8)]
+    assert client.batch_get_into(asked, outs) == [len(v) for v in values] + [None]
+    assert all(o.tobytes() == v for o, v in zip(outs, values))
+    assert client.stats()["misses_by_reason"]["absent"] == 2      # exists is no miss
+
+
+def test_an_out_smaller_than_the_value_is_a_clear_error_and_the_link_recovers(client):
+    k = key()
+    assert client.put(k, data(5000, 1))
+    with pytest.raises(ValueError, match="out is 4999 bytes; the value is 5000 bytes"):
+        client.get_into(k, bytearray(4999))
+    assert client.get(k) == data(5000, 1)
+
+
+# ---- faults -------------------------------------------------------------------------------------
+
+def _flip_stored_byte(cluster: LocalCluster, value: bytes) -> None:
+    """Flip one byte of ``value`` where a server's arena holds it (network hosts share this
+    machine's /dev/shm)."""
+    for server in cluster.servers:
+        with open(f"/dev/shm/{server.shm_name}", "r+b") as fh, \
+                mmap.mmap(fh.fileno(), 0) as arena:
+            at = arena.find(value[:64])
+            if at >= 0:
+                arena[at + 100] ^= 0xFF
+                return
+    raise AssertionError("the value is in no arena")
+
+
+def test_a_corrupted_value_is_a_checksum_miss_never_wrong_bytes(client, link):
+    value, k = data(200_000, 1000 + next(_keys)), key("corrupt")   # no copy of it elsewhere
+    assert client.put(k, value)
+    _flip_stored_byte(link[1], value)
+    assert client.get(k) is None
+    assert client.get_into(k, bytearray(len(value))) is None
+    assert client.batch_get([k]) == [None]
+    assert client.stats()["misses_by_reason"]["checksum"] == 3
+    assert client.put(k, value) and client.get(k) == value      # a rewrite heals it
+
+
+def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch):
+    """ALLOC's extent may be written for half the lease TTL (1 s here); a copy that starts
+    later is refused by the client, the server drops the extent at the TTL, and nothing of it
+    is ever visible."""
+    transport = only(client, "shm", "nixl")
+    from gcache.sdk.nixl_exchange import NixlExchange
+    from gcache.sdk.shm_exchange import ShmExchange
+    exchange = {"shm": ShmExchange, "nixl": NixlExchange}[transport]
+    original = exchange.copy_in
+
+    def late(self, extent, value):
+        time.sleep(0.6)
+        return original(self, extent, value)
+
+    k = key("late")
+    monkeypatch.setattr(exchange, "copy_in", late)
+    assert client.batch_put([k], [data(10_000, 3)]) == [False]
+    assert client.stats()["misses_by_reason"]["timeout"] == 1
+    monkeypatch.setattr(exchange, "copy_in", original)
+    assert client.get(k) is None
+    assert client.put(k, data(10_000, 4)) and client.get(k) == data(10_000, 4)
+
+
+def test_a_killed_server_is_a_fast_miss_and_a_restarted_one_is_reached_afresh(link, tmp_path):
+    transport, shared = link
+    hosts = shared.hosts[:1] if shared.hosts else None
+    with LocalCluster(1, memory="64MiB", server_args=SERVER_ARGS, hosts=hosts,
+                      log_dir=str(tmp_path)) as cluster, \
+            Client(cluster.addresses, timeout_s=2.0, transport=transport, token=TOKEN,
+                   suspect_s=0.2) as client:
+        k = key("kill")
+        assert client.put(k, data(300_000, 9))
+        cluster.kill(0)
+        started = time.monotonic()
+        assert client.get(k) is None and client.put(k, b"x") is False
+        assert client.batch_get([k, key()]) == [None, None]
+        assert time.monotonic() - started < 5.0           # misses, never a stall
+        reasons = client.stats()["misses_by_reason"]
+        assert reasons.keys() & {"connection_lost", "unreachable", "suspect", "timeout"}
+        cluster.restart(0)
+        deadline = time.monotonic() + 10
+        while not client.put(k, data(1000, 2)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.get(k) == data(1000, 2)
+        assert client.stats()["transports"][cluster.addresses[0]] == transport
+
+
+# ---- registration -------------------------------------------------------------------------------
+
+def test_a_buffer_is_registered_once_and_reused(client):
+    transport = client.config.transport
+    k1, k2 = key("reg"), key("reg")
+    buffer = np.zeros(2 << 20, dtype=np.uint8)
+    registered = client.register_buffer(buffer)
+    assert registered is (transport == "nixl")           # a no-op elsewhere
+    regions = client.stats()["nixl_regions"]
+    assert client.register_buffer(buffer) is registered
+    assert client.register_buffer(buffer[4096:8192]) is registered    # inside: no new one
+    assert client.stats()["nixl_regions"] == regions
+    assert client.put(k1, data(1 << 20, 1)) and client.put(k2, data(2 << 20, 2))
+    for _ in range(3):
+        assert client.get_into(k1, buffer) == 1 << 20
+        assert buffer[:1 << 20].tobytes() == data(1 << 20, 1)
+        assert client.get_into(k2, buffer) == 2 << 20
+        assert buffer.tobytes() == data(2 << 20, 2)
+    buffer[:] = np.frombuffer(data(2 << 20, 5), dtype=np.uint8)
+    assert client.put(k1, buffer) and client.get(k1) == data(2 << 20, 5)
+    assert client.stats()["nixl_regions"] == regions
+    if transport == "nixl":
+        assert regions == 2                  # the bounce slots and this buffer
