@@ -87,7 +87,9 @@ class ServerConfig:
     group_width: int = 2                    # as the clients': a drain places keys like them
     nixl: bool = True                       # offer the arena over NIXL when nixl-cu12 imports
     nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL (e.g. mlx5_0:1); () lets
-                                            # UCX choose (see ``gcache topology``)
+                                            # UCX choose; ("auto",) every GPU's rail NIC
+                                            # (``gcache topology``)
+    nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
 
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
@@ -156,7 +158,12 @@ class ClientConfig:
                                             # sides have it and this host an RDMA NIC, else
                                             # tcp; or "tcp", "shm", "nixl" forced
     transfers_in_flight: int = 8            # NIXL transfers this client runs at once
-    nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL; () lets UCX choose
+    nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL; () lets UCX choose (or,
+                                            # with ``gpu``, that GPU's NIC)
+    gpu: int = -1                           # the CUDA device this client serves: its NIC
+                                            # (``gcache topology``) carries its NIXL transfers
+                                            # and its NUMA node's CPUs run the IO threads
+    nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
     vnodes: int = 64                        # virtual nodes per server on the ring
     cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
@@ -178,6 +185,7 @@ class ClientConfig:
                self.cuda_staging_bytes >= 64 * KiB, "must be at least 64KiB")
         _check("transport", self.transport, self.transport in ("auto", "tcp", "shm", "nixl"),
                "must be one of auto, tcp, shm, nixl")
+        _check("gpu", self.gpu, self.gpu >= -1, "must be a CUDA device index, or -1 for none")
         _check("transfers_in_flight", self.transfers_in_flight,
                1 <= self.transfers_in_flight <= 1024, "must be between 1 and 1024")
         for address in self.master:

@@ -23,6 +23,7 @@ from gcache.sdk.exchange import Exchange
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.pool import ServerPool
 from gcache.sdk.protocol import Channel
+from gcache.sdk.rail import bind_to, rail_of
 from gcache.sdk.routes import Link, Routes
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,16 @@ class Dispatcher:
             self.set_members(0, {a: (a, 1.0) for a in config.servers})
         self._cuda_staging: Any = None
         self._staging_lock = threading.Lock()
+        devices, cpus = rail_of(config)
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
                              io_size=config.io_size, token=config.token,
                              staging=self.cuda_staging,
                              transfers_in_flight=config.transfers_in_flight,
-                             nixl_devices=config.nixl_devices)
+                             nixl_devices=devices)
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
                                idle_max=config.io_threads + 1)
-        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io")
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io",
+                                      initializer=bind_to, initargs=(cpus,))
 
     def cuda_staging(self) -> Any:
         """This client's pinned staging for CUDA tensors on TCP links (made on first use)."""

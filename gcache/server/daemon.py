@@ -55,7 +55,8 @@ class DataServer:
         self._nixl: Any = None
         if config.nixl:
             from gcache.server.nixl_offer import offer_arena
-            offered = offer_arena(self.tier.arena, devices=config.nixl_devices)
+            offered = offer_arena(self.tier.arena, devices=config.nixl_devices,
+                                  deny=config.nic_deny)
             if offered is not None:
                 self._nixl, self.hello["nixl"] = offered
         self.stop = threading.Event()

@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nixl", dest="nixl", action="store_const", const=True,
                         help="offer it (the default when nixl-cu12 imports)")
     parser.add_argument("--nixl-devices", dest="nixl_devices",
-                        help="UCX devices for NIXL, comma separated (e.g. mlx5_0:1)")
+                        help="UCX devices for NIXL, comma separated (e.g. mlx5_0:1), or 'auto' "
+                        "for every GPU's rail NIC")
+    parser.add_argument("--nic-deny", dest="nic_deny",
+                        help="NICs that never carry data, comma separated (a front-end NIC)")
     parser.add_argument("--disk-dir", dest="disk_dir", help="cold tier directory (NVMe)")
     parser.add_argument("--disk-capacity", dest="disk_capacity", help="cold tier size, e.g. 1TiB")
     parser.add_argument("--disk-format", dest="disk_format", choices=("segments", "blobs"),

@@ -16,12 +16,17 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def offer_arena(arena: Any, *, devices: tuple[str, ...]) -> tuple[Any, dict] | None:
-    """(agent, HELLO ``nixl`` fact) for ``arena``, or None when NIXL is not available."""
+def offer_arena(arena: Any, *, devices: tuple[str, ...],
+                deny: tuple[str, ...]) -> tuple[Any, dict] | None:
+    """(agent, HELLO ``nixl`` fact) for ``arena``, or None when NIXL is not available.
+    ``devices`` ("auto",) are the rail NICs of this host's GPUs, never a ``deny``-ed one."""
     from gcache.transport import nixl
     if not nixl.available():
         log.info("server.nixl off: nixl-cu12 is not installed")
         return None
+    if devices == ("auto",):
+        from gcache.transport.topology import rail_devices
+        devices = rail_devices(deny=deny)
     try:
         agent = nixl.NixlAgent("server", devices=devices)
         address = arena.address

@@ -29,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+SYS_ROOT = "/sys"                # this host's sysfs (the tests point it at fixture trees)
+
 NVIDIA = "0x10de"
 PCI_ROOT = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")      # devices/pci0000:00
 GPU_CLASSES = ("0x0300", "0x0302")       # VGA and 3D controllers
@@ -111,6 +113,22 @@ def choose_nics(topology: Topology, *, allow: Sequence[str] = (),
         out.append(Choice(index, gpu.pci, nic.name if nic else None, reason,
                           topology.cpus_by_numa.get(gpu.numa, ())))
     return out
+
+
+def for_gpu(gpu: int, *, deny: Sequence[str] = ()) -> Choice:
+    """The choice for CUDA device ``gpu`` on this host (``SYS_ROOT``): its UCX device and its
+    IO threads' CPUs. Raises ValueError when the host has no such GPU."""
+    choices = choose_nics(read_topology(SYS_ROOT), deny=deny)
+    if not 0 <= gpu < len(choices):
+        raise ValueError(f"gpu={gpu}, but {SYS_ROOT} shows {len(choices)} NVIDIA GPUs")
+    return choices[gpu]
+
+
+def rail_devices(*, deny: Sequence[str] = ()) -> tuple[str, ...]:
+    """The UCX devices of every GPU's chosen NIC on this host (a server's agent serves them
+    all); () on a host without GPUs or RDMA NICs, which leaves UCX its own choice."""
+    chosen = {c.ucx_devices for c in choose_nics(read_topology(SYS_ROOT), deny=deny)}
+    return tuple(sorted(d for d in chosen if d))
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:

@@ -123,3 +123,46 @@ def test_gcache_topology_prints_the_choice_per_gpu(tmp_path, capsys):
                                                  ("1", "mlx5_0", "rail-same-numa")]
     assert main(["topology", "--sys-root", str(tmp_path / "none")]) == 0
     assert "no NVIDIA GPU" in capsys.readouterr().out
+
+
+def rail_host(tmp_path, monkeypatch) -> Tree:
+    """Two GPUs with rail NICs and a front-end NIC; this machine's CPU 1 is NUMA node 0's."""
+    from gcache.transport import topology
+    tree = Tree(tmp_path)
+    for i in range(2):
+        tree.add(GPU, 0x00, i, 0, 0)
+        tree.add(NIC, 0x00, i, 1, 0, f"mlx5_{i}")
+    tree.add(NIC, 0x00, None, 0, 0, "mlx5_fe")
+    (tmp_path / "devices" / "system" / "node" / "node0" / "cpulist").write_text("1\n")
+    monkeypatch.setattr(topology, "SYS_ROOT", str(tmp_path))
+    return tree
+
+
+def test_a_server_serves_every_rail_nic_and_a_client_its_gpus_own(tmp_path, monkeypatch):
+    import pytest
+
+    from gcache.transport.topology import for_gpu, rail_devices
+    rail_host(tmp_path, monkeypatch)
+    assert rail_devices() == ("mlx5_0:1", "mlx5_1:1")           # never the front-end NIC
+    assert rail_devices(deny=["mlx5_1"]) == ("mlx5_0:1",)
+    assert for_gpu(1).ucx_devices == "mlx5_1:1" and for_gpu(1).cpus == (1,)
+    with pytest.raises(ValueError, match="gpu=2, but .* shows 2 NVIDIA GPUs"):
+        for_gpu(2)
+
+
+def test_a_client_of_one_gpu_runs_its_io_threads_on_that_gpus_cpus(tmp_path, monkeypatch):
+    import pytest
+
+    from gcache.sdk import Client
+    from gcache.sdk.rail import rail_of
+    rail_host(tmp_path, monkeypatch)
+    if 1 not in os.sched_getaffinity(0):
+        pytest.skip("this machine has no CPU 1 to bind to")
+    with Client(["127.0.0.1:9"], gpu=1, io_threads=2) as client:
+        threads = [client._d.submit(os.sched_getaffinity, 0).result() for _ in range(4)]
+        assert all(cpus == {1} for cpus in threads), threads
+        assert rail_of(client.config) == (("mlx5_1:1",), (1,))
+    with Client(["127.0.0.1:9"], gpu=1, nixl_devices=["mlx5_0:1"]) as client:
+        assert rail_of(client.config)[0] == ("mlx5_0:1",)       # named devices win
+    with pytest.raises(ValueError, match="gpu=5"):
+        Client(["127.0.0.1:9"], gpu=5)
