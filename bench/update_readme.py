@@ -20,16 +20,21 @@ def render_dataplane(report: dict) -> str:
     lines = [
         f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
         f"{report['python']}: one `gcache-server` on loopback, the client in another process, "
-        "forced to TCP and then over shared memory; best of 3 runs for every figure, limits "
-        "included.",
+        "forced to TCP, to shared memory and to NIXL (where installed); best of 3 runs for every "
+        "figure, limits included.",
         "",
         f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s (two threads at once "
         f"{limits['memcpy_2threads_gbps']:.2f}); raw loopback socket "
         f"{limits['raw_socket_1MiB_gbps']:.2f} GB/s (1 MiB) and "
         f"{limits['raw_socket_4MiB_gbps']:.2f} GB/s (4 MiB); Redis GET "
         f"{limits.get('redis_get_4MiB_gbps', float('nan')):.2f} / SET "
-        f"{limits.get('redis_set_4MiB_gbps', float('nan')):.2f} GB/s (4 MiB). TCP rows are "
-        "ratios to the raw socket (and Redis), shared-memory rows to memcpy.",
+        f"{limits.get('redis_set_4MiB_gbps', float('nan')):.2f} GB/s (4 MiB)"
+        + (f"; bare NIXL between two processes, one 4 MiB transfer at a time: READ "
+           f"{limits['nixl_bare_read_4MiB_gbps']:.2f}, WRITE "
+           f"{limits['nixl_bare_write_4MiB_gbps']:.2f} GB/s" if "nixl_bare_read_4MiB_gbps"
+           in limits else "")
+        + ". TCP rows are ratios to the raw socket (and Redis), shared-memory rows to memcpy, "
+        "NIXL rows to the bare NIXL loop (READ for gets, WRITE for puts).",
         "",
         "| transport | operation | client threads | size | GB/s | × limit | × Redis |",
         "|---|---|---:|---:|---:|---:|---:|",
