@@ -35,6 +35,19 @@ GROUPS = {"llama": ["FullAttentionSpec"], "gpt-oss": ["SlidingWindowSpec", "Full
           "gemma3-full-first": ["FullAttentionSpec", "SlidingWindowSpec"]}
 
 
+CACHE_ROOT = pathlib.Path("/nonexistent")     # set for the module by ``vllm_cache``
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_cache(tmp_path_factory):
+    """One ``VLLM_CACHE_ROOT`` for every engine of the module: vLLM inspects a model's class in
+    a subprocess (about 20 s on these machines) and keeps what it learned there, so with a cache
+    per engine every first run of a test paid it again. Nothing in it depends on weights or KV."""
+    global CACHE_ROOT
+    CACHE_ROOT = tmp_path_factory.mktemp("vllm-cache")
+    yield CACHE_ROOT
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
@@ -68,7 +81,7 @@ def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
     spec = {"model": str(model), "servers": servers, "prompts": prompts, "policy": policy,
             "tp": tp, "block_size": BLOCK, "new_tokens": NEW_TOKENS, **more}
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(log.parent / "vc"))
+               DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(CACHE_ROOT))
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp))
     with open(log, "w") as out:
