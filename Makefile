@@ -32,14 +32,14 @@ run: $(STAMP)
 
 # The four environments install side by side (mostly downloads and unpacking) and each suite
 # starts as soon as its environment is there, in two lanes of about equal length on the two
-# cores: the core suite's first half (unit, kv, master, gpu), SGLang's suite, the fault suite;
-# the core suite's integration tests, vLLM's engine suite, its interface suite. Every suite is
-# printed whole when it ends. Measured from nothing on 2 cores: see the closing notes.
+# cores: the core suite's first half (unit, kv, master, gpu), SGLang's suite, vLLM's interface
+# suite; the core suite's integration tests, vLLM's engine suite, the fault suite. Every suite
+# is printed whole when it ends.
 CORE_A := tests/unit tests/kv tests/master tests/gpu
 CORE_B := tests/integration
 test:
-	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core-a test-sglang test-fault \
-	  test-core-b test-vllm-engine test-vllm-interface
+	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core-a test-sglang test-vllm-interface \
+	  test-core-b test-vllm-engine test-fault
 
 test-core: test-core-a test-core-b test-fault
 
@@ -54,9 +54,9 @@ test-fault: $(STAMP)
 
 ifdef LANES
 test-sglang: | test-core-a
-test-fault: | test-sglang
+test-vllm-interface: | test-sglang
 test-vllm-engine: | test-core-b
-test-vllm-interface: | test-vllm-engine
+test-fault: | test-vllm-engine
 endif
 
 envs:
