@@ -174,6 +174,7 @@ def main() -> int:
 
     report = {"date": dt.date.today().isoformat(), "host": platform.node(),
               "cpus": os.cpu_count(), "python": platform.python_version(),
+              "repeat": args.repeat, "bytes_per_run": args.bytes_per_run,
               "limits": limits, "gcache": gcache, "ratios": ratios(limits, gcache)}
     print_table(report)
     write_results("dataplane", report, dated=True)

@@ -20,8 +20,8 @@ def render_dataplane(report: dict) -> str:
     lines = [
         f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
         f"{report['python']}: one `gcache-server` on loopback, the client in another process, "
-        "forced to TCP, to shared memory and to NIXL (where installed); best of 3 runs for every "
-        "figure, limits included.",
+        "forced to TCP, to shared memory and to NIXL (where installed); best of "
+        f"{report.get('repeat', 3)} runs for every figure, limits included.",
         "",
         f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s (two threads at once "
         f"{limits['memcpy_2threads_gbps']:.2f}); raw loopback socket "

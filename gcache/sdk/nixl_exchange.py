@@ -11,18 +11,23 @@ value before it leaves and COMMIT has the server hash the arena bytes.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gcache.buffer import is_cuda_tensor
+from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ProtocolError
-from gcache.keys import checksum, checksum_stream
+from gcache.frame import FLAG_IN_PLACE, FLAG_NO_REPLY, Op, Status
+from gcache.keys import checksum_stream
+from gcache.sdk import leases
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
-from gcache.sdk.protocol import ReadResult
+from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.tcp_staging import TcpStaged
 from gcache.transport.nixl import BounceSlots, NixlAgent, Region
+
+PIPELINE = 4             # io_size requests of one value in flight at once
 
 
 class NixlExchange(LeasedExchange):
@@ -68,16 +73,38 @@ class NixlExchange(LeasedExchange):
             return digest
         return self._write_host(remote, extent, value)
 
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+        """ALLOC, WRITE, COMMIT; each piece of a registered host value that has landed is
+        announced with a no-reply in-place WRITE, so the server hashes it while the next one
+        travels and COMMIT finds its hash nearly done."""
+        extent = leases.alloc(ch, key, nbytes(value), group=group,
+                              window_s=self.write_window_s)
+        if not isinstance(extent, Extent):
+            return extent
+
+        def landed(start: int, size: int) -> None:
+            ch.request(Op.WRITE, handle=extent.handle, offset=start, length=size,
+                       flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
+
+        if is_cuda_tensor(value):
+            digest = self.copy_in(extent, value)
+        else:
+            digest = self._write_host(self._remote_of(extent), extent, value, landed)
+        return leases.commit(ch, extent.handle, digest)
+
     # ---- host buffers -----------------------------------------------------------------------
 
     def _read_host(self, remote: int, extent: Extent, out: Any, verify: bool) -> bool:
         target = np.frombuffer(out, dtype=np.uint8, count=extent.length)
-        region = self.agent.covering(target.ctypes.data, extent.length)
-        if region is not None:
-            self._move("READ", Region(target.ctypes.data, extent.length), remote, extent.length)
-            return not verify or checksum(out[:extent.length]) == extent.checksum
         hasher = checksum_stream() if verify else None
-        for start, size in self._pieces(extent.length):
+        if self.agent.covering(target.ctypes.data, extent.length) is not None:
+            def hashed(start: int, size: int) -> None:     # while later pieces travel
+                if hasher is not None:
+                    hasher.update(target[start:start + size])
+
+            self._pipelined("READ", target.ctypes.data, remote, extent.length, after=hashed)
+            return hasher is None or hasher.intdigest() == extent.checksum
+        for start, size in self._pieces(extent.length, self.bounce.slot_bytes):
             slot = self.bounce.take(self._timeout_s)
             try:
                 self._move("READ", self.bounce.region(slot), remote + start, size)
@@ -89,16 +116,19 @@ class NixlExchange(LeasedExchange):
                 self.bounce.give(slot)
         return hasher is None or hasher.intdigest() == extent.checksum
 
-    def _write_host(self, remote: int, extent: Extent, value: Any) -> int:
+    def _write_host(self, remote: int, extent: Extent, value: Any,
+                    landed: Callable[[int, int], None] | None = None) -> int:
         source = np.frombuffer(value, dtype=np.uint8, count=extent.length)
-        if self.agent.covering(source.ctypes.data, extent.length) is not None:
-            digest = checksum(value[:extent.length])
-            check_window(extent)
-            self._move("WRITE", Region(source.ctypes.data, extent.length), remote,
-                       extent.length)
-            return digest
         hasher = checksum_stream()
-        for start, size in self._pieces(extent.length):
+        if self.agent.covering(source.ctypes.data, extent.length) is not None:
+            def hash_then_check(start: int, size: int) -> None:   # before each piece leaves
+                hasher.update(source[start:start + size])
+                check_window(extent)
+
+            self._pipelined("WRITE", source.ctypes.data, remote, extent.length,
+                            before=hash_then_check, after=landed)
+            return hasher.intdigest()
+        for start, size in self._pieces(extent.length, self.bounce.slot_bytes):
             slot = self.bounce.take(self._timeout_s)
             try:
                 piece = self.bounce.array(slot)[:size]
@@ -106,9 +136,45 @@ class NixlExchange(LeasedExchange):
                 hasher.update(piece)
                 check_window(extent)
                 self._move("WRITE", self.bounce.region(slot), remote + start, size)
+                if landed is not None:
+                    landed(start, size)
             finally:
                 self.bounce.give(slot)
         return hasher.intdigest()
+
+    def _pipelined(self, op: str, local: int, remote: int, length: int, *,
+                   before: Callable[[int, int], None] | None = None,
+                   after: Callable[[int, int], None] | None = None) -> None:
+        """One registered value moved as ``io_size`` requests, up to ``PIPELINE`` of them in
+        flight: ``before`` runs for a piece just before it is posted, ``after`` (in order)
+        once it has landed, so hashing overlaps the transfers of the pieces around it."""
+        pending: deque = deque()
+
+        def finish_oldest() -> None:
+            transfer, start, size = pending.popleft()
+            self.agent.wait(transfer)
+            if after is not None:
+                after(start, size)
+
+        try:
+            for start, size in self._pieces(length, self._io_size):
+                if before is not None:
+                    before(start, size)
+                while True:
+                    transfer = self.agent.start(op, Region(local + start, size), self.remote,
+                                                remote + start, size, io_size=self._io_size,
+                                                timeout_s=self._timeout_s, block=not pending)
+                    if transfer is not None:
+                        break
+                    finish_oldest()                  # no free slot: our own oldest first
+                pending.append((transfer, start, size))
+                if len(pending) >= PIPELINE:
+                    finish_oldest()
+            while pending:
+                finish_oldest()
+        finally:
+            for transfer, _, _ in pending:           # after a failure: drop the rest
+                self.agent.cancel(transfer)
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -127,8 +193,8 @@ class NixlExchange(LeasedExchange):
         region = self.agent.covering(pointer, length)
         return None if region is None else Region(pointer, length, "VRAM", device)
 
-    def _pieces(self, length: int) -> list[tuple[int, int]]:
-        step = min(self._io_size, self.bounce.slot_bytes)
+    def _pieces(self, length: int, most: int) -> list[tuple[int, int]]:
+        step = min(self._io_size, most)
         return [(start, min(step, length - start)) for start in range(0, length, step)]
 
     def _move(self, op: str, local: Region, remote_address: int, length: int) -> None:

@@ -33,8 +33,8 @@ import numpy as np
 from gcache.errors import ConnectionLost, IOTimeout
 
 log = logging.getLogger(__name__)
-_SPIN_POLLS = 64              # completion polls before the poller starts sleeping between them
-_POLL_SLEEP_S = 20e-6
+_SPIN_S = 1e-3                # how long a waiter polls flat out before sleeping between polls
+_POLL_SLEEP_S = 50e-6
 _names = itertools.count()
 
 
@@ -68,6 +68,16 @@ class Region:
     @property
     def end(self) -> int:
         return self.address + self.length
+
+
+@dataclass(slots=True)
+class Transfer:
+    """A posted request: ``NixlAgent.wait`` or ``cancel`` it exactly once."""
+
+    handle: Any
+    what: str
+    deadline: float
+    state: str = "PROC"
 
 
 class NixlAgent:
@@ -150,19 +160,26 @@ class NixlAgent:
                  io_size: int, timeout_s: float) -> None:
         """Move ``length`` bytes between ``local`` (registered, its first bytes) and
         ``remote_address`` of agent ``remote``: ``op`` "READ" pulls them here, "WRITE" pushes
-        them there. One request of ``io_size`` descriptors; at most ``in_flight`` requests of
-        this agent run at once. Raises IOTimeout or ConnectionLost (the request is released
-        either way)."""
-        deadline = time.monotonic() + timeout_s
-        if not self._slots.acquire(timeout=timeout_s):
-            raise IOTimeout(f"NIXL {op} of {length} bytes found no transfer slot in time")
-        try:
-            self._transfer(op, local, remote, remote_address, length, io_size, deadline)
-        finally:
-            self._slots.release()
+        them there. Raises IOTimeout or ConnectionLost."""
+        started = self.start(op, local, remote, remote_address, length, io_size=io_size,
+                             timeout_s=timeout_s)
+        assert started is not None                     # a blocking start posts or raises
+        self.wait(started)
 
-    def _transfer(self, op: str, local: Region, remote: str, remote_address: int, length: int,
-                  io_size: int, deadline: float) -> None:
+    def start(self, op: str, local: Region, remote: str, remote_address: int, length: int, *,
+              io_size: int, timeout_s: float, block: bool = True) -> Transfer | None:
+        """Post one request of ``io_size`` descriptors (``transfer``'s arguments) and return at
+        once; ``wait`` for it. At most ``in_flight`` requests of this agent are posted at a
+        time: a start beyond that waits for a slot, up to ``timeout_s`` (IOTimeout), or with
+        ``block`` False returns None at once (a caller holding transfers of its own finishes
+        one of them first, so that callers never wait on each other's slots)."""
+        deadline = time.monotonic() + timeout_s
+        if not (self._slots.acquire(timeout=timeout_s) if block else
+                self._slots.acquire(blocking=False)):
+            if not block:
+                return None
+            raise IOTimeout(f"NIXL {op} of {length} bytes found no transfer slot in time")
+        what = f"NIXL {op} of {length} bytes to {remote}"
         pieces = [(o, min(io_size, length - o)) for o in range(0, length, io_size)]
         try:
             mine = self._agent.get_xfer_descs(
@@ -171,27 +188,47 @@ class NixlAgent:
                 [(remote_address + o, n, 0) for o, n in pieces], "DRAM")
             handle = self._agent.initialize_xfer(op, mine, theirs, remote)
         except Exception as exc:                        # noqa: BLE001 - NIXL raises nixlBind errors
-            raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} could not start: "
-                                 f"{exc}") from None
+            self._slots.release()
+            raise ConnectionLost(f"{what} could not start: {exc}") from None
+        transfer = Transfer(handle, what, deadline)
         try:
-            state = self._agent.transfer(handle)
-            polls = 0
+            transfer.state = self._agent.transfer(handle)
+        except Exception as exc:                        # noqa: BLE001
+            self._done(transfer)
+            raise ConnectionLost(f"{what} failed to post: {exc}") from None
+        return transfer
+
+    def wait(self, transfer: Transfer) -> None:
+        """Poll ``transfer`` to completion on this thread: spin for a while (a NIC finishes an
+        ``io_size`` piece in microseconds), then sleep between polls. Raises IOTimeout past
+        its deadline or ConnectionLost when it failed; released either way."""
+        try:
+            state, began = transfer.state, time.monotonic()
             while state not in ("DONE", "ERR"):
-                if time.monotonic() > deadline:
-                    raise IOTimeout(f"NIXL {op} of {length} bytes to {remote} timed out")
-                polls += 1
-                if polls > _SPIN_POLLS:
+                now = time.monotonic()
+                if now > transfer.deadline:
+                    raise IOTimeout(f"{transfer.what} timed out")
+                if now - began > _SPIN_S:
                     time.sleep(_POLL_SLEEP_S)
-                state = self._agent.check_xfer_state(handle)
+                state = self._agent.check_xfer_state(transfer.handle)
             if state == "ERR":
-                raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} failed")
+                raise ConnectionLost(f"{transfer.what} failed")
         except (IOTimeout, ConnectionLost):
             raise
         except Exception as exc:                        # noqa: BLE001
-            raise ConnectionLost(f"NIXL {op} of {length} bytes to {remote} failed: {exc}") \
-                from None
+            raise ConnectionLost(f"{transfer.what} failed: {exc}") from None
         finally:
-            self._release(handle)
+            self._done(transfer)
+
+    def cancel(self, transfer: Transfer) -> None:
+        """Give up a started transfer (an earlier one of the same value failed)."""
+        self._done(transfer)
+
+    def _done(self, transfer: Transfer) -> None:
+        if transfer.handle is not None:
+            self._release(transfer.handle)
+            transfer.handle = None
+            self._slots.release()
 
     def _release(self, handle: Any) -> None:
         try:
