@@ -20,7 +20,7 @@ from gcache.frame import Status
 from gcache.keys import group_hash
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
-from gcache.sdk.leases import Extent
+from gcache.sdk.leases import Extent, WriteWindowPassed
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import ReadResult
 from gcache.sdk.routes import Link
@@ -28,24 +28,33 @@ from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 PUT_CHUNK_KEYS = 256      # keys a batch put allocates, copies and commits at a time
+RETRY_CHUNK_MIN = 8       # a chunk this small whose windows pass is not tried again
+
+
+class Late:
+    """A copy refused because its write window had passed: the value is put again."""
+
+
+LATE = Late()
 Held = tuple[Link, list[int], list[Any]]
 
 
-def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
-              group: bytes | None) -> list[bool]:
-    """Store ``keys``, ``PUT_CHUNK_KEYS`` at a time. Over shared memory a value must be copied
+def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None, *,
+              chunk: int = PUT_CHUNK_KEYS) -> list[bool]:
+    """Store ``keys``, ``chunk`` at a time. Over shared memory or NIXL a value must be copied
     within the write window (half the server's lease TTL) counted from its ALLOC: one phase
     of thousands of ALLOCs before the first copy let the window of the first ones pass (a
-    3000-key batch under a 1 s TTL on a busy machine)."""
-    if len(keys) <= PUT_CHUNK_KEYS:
-        return _batch_put(d, keys, values, group)
-    return [ok for start in range(0, len(keys), PUT_CHUNK_KEYS)
-            for ok in _batch_put(d, keys[start:start + PUT_CHUNK_KEYS],
-                                 values[start:start + PUT_CHUNK_KEYS], group)]
+    3000-key batch under a 1 s TTL on a busy machine). Values whose window passed all the
+    same (a machine busy enough) are put once more, in chunks an eighth the size."""
+    if len(keys) <= chunk:
+        return _batch_put(d, keys, values, group, chunk)
+    return [ok for start in range(0, len(keys), chunk)
+            for ok in _batch_put(d, keys[start:start + chunk], values[start:start + chunk],
+                                 group, chunk)]
 
 
-def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
-               group: bytes | None) -> list[bool]:
+def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None,
+               chunk: int) -> list[bool]:
     results = [False] * len(keys)
     placement = group_hash(group)
 
@@ -67,14 +76,16 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     copies = [(link, i, extent) for link, idx, items in held
               for i, extent in zip(idx, items) if isinstance(extent, Extent)]
-    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(d, link, e, values[i])
+    retry = chunk > RETRY_CHUNK_MIN
+    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(d, link, e, values[i], retry)
                           for link, i, e in copies])
+    late = [i for (_, i, _), digest in zip(copies, digests) if digest is LATE]
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
     def commit(link: Link, idx: list[int], items: list[Any]) -> None:
         # A value whose copy failed is not committed: the server drops its extent at the TTL.
         todo = [(i, e) for i, e in zip(idx, items)
-                if isinstance(e, Extent) and digest_of[i] is not None]
+                if isinstance(e, Extent) and isinstance(digest_of[i], int)]
         statuses = d.run(link, lambda ch: link.exchange.end_writes(
             ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]), len(todo))
         # a failed copy is a miss counted already; a key with no extent has its status
@@ -85,6 +96,11 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any],
                      [by_key[i] for i in idx], values, results)
 
     d.parallel([lambda h=h: commit(*h) for h in held])
+    if late:
+        again = batch_put(d, [keys[i] for i in late], [values[i] for i in late], group,
+                          chunk=chunk // 8)
+        for i, ok in zip(late, again):
+            results[i] = ok
     return results
 
 
@@ -96,10 +112,18 @@ def _started(d: Dispatcher, link: Link, n_keys: int, start: Any) -> list[Any] | 
         return _no_staging(d, n_keys, exc)
 
 
-def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any) -> int | None:
-    """One value's copy into the arena; None (counted as a miss) when it failed."""
+def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any,
+             retry: bool) -> int | Late | None:
+    """One value's copy into the arena; None (counted as a miss) when it failed, ``LATE``
+    (not counted) when its write window had passed and the batch will put it again."""
     try:
         return link.exchange.copy_in(extent, value)
+    except WriteWindowPassed as exc:
+        if retry:
+            log.info("sdk.write_window_passed bytes=%d: put again", extent.length)
+            return LATE
+        _copy_failed(d, link, extent, exc)
+        return None
     except TransportError as exc:
         _copy_failed(d, link, extent, exc)
         return None

@@ -98,3 +98,26 @@ def test_a_large_shm_batch_of_small_values_does_not_deadlock(cluster_factory):
         assert all(client.batch_put(keys, values))
         assert client.batch_get(keys) == values
         assert client.stats()["misses"] == 0
+
+
+def test_values_whose_write_window_passed_are_put_once_more(cluster_factory, monkeypatch):
+    """A machine busy enough lets a value's window pass between its ALLOC and its copy: the
+    batch puts those values again (in smaller chunks) instead of dropping them."""
+    from gcache.sdk.leases import WriteWindowPassed
+    from gcache.sdk.shm_exchange import ShmExchange
+    cluster = cluster_factory(1)
+    original, refused = ShmExchange.copy_in, set()
+
+    def late_once(self, extent, value):
+        if bytes(value[:4]) not in refused:
+            refused.add(bytes(value[:4]))
+            raise WriteWindowPassed("the machine was busy")
+        return original(self, extent, value)
+
+    monkeypatch.setattr(ShmExchange, "copy_in", late_once)
+    keys = [f"late{i}" for i in range(40)]
+    values = [i.to_bytes(4, "little") * 16 for i in range(40)]
+    with Client(cluster.addresses, timeout_s=2.0, transport="shm") as client:
+        assert client.batch_put(keys, values) == [True] * 40
+        assert len(refused) == 40 and client.stats()["misses_by_reason"] == {}
+        assert client.batch_get(keys) == values
