@@ -106,7 +106,7 @@ class Routes:
 
     def register_buffer(self, buffer: Any) -> bool:
         """Register ``buffer`` for NIXL transfers when this client may use NIXL; False (and
-        nothing done) when it never will."""
+        nothing done) when it never will (another transport, or NIXL not installed here)."""
         if not self._may_use_nixl():
             return False
         self._nixl.register(buffer)
@@ -120,7 +120,8 @@ class Routes:
 
     def _may_use_nixl(self) -> bool:
         if self._transport == "nixl":
-            return True
+            from gcache.transport import nixl
+            return nixl.available()
         return self._transport == "auto" and self._nixl_usable()
 
     def _nixl_usable(self) -> bool:
