@@ -2,7 +2,8 @@
 values by NIXL READ / WRITE of the server's registered arena (``gcache.transport.nixl``).
 
 A buffer the caller registered (``Client.register_buffer``) is the transfer's own end: the NIC
-reads or writes it directly, and a CUDA tensor registered as VRAM is GPU Direct. Any other host
+reads or writes it directly, as ``io_size`` requests a few at a time, each piece hashed while
+the others travel; a CUDA tensor registered as VRAM is GPU Direct. Any other host
 buffer moves through the client's bounce slots, one ``io_size`` piece at a time, copied (and
 hashed) while the piece is cache-warm; any other CUDA tensor is staged through pinned host
 memory first, as on TCP. Checksums hold on every path: reads hash what landed, writes hash the
