@@ -14,7 +14,7 @@ VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
-.PHONY: run test test-core test-core-a test-core-b test-fault test-sglang test-vllm test-vllm-interface \
+.PHONY: run test test-core test-fault test-sglang test-vllm test-vllm-interface \
 	test-vllm-engine envs bench replay redis proto soak clean gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
@@ -31,32 +31,25 @@ run: $(STAMP)
 	$(VENV)/bin/gcache demo
 
 # The four environments install side by side (mostly downloads and unpacking) and each suite
-# starts as soon as its environment is there, in two lanes of about equal length on the two
-# cores: the core suite's first half (unit, kv, master, gpu), SGLang's suite, vLLM's interface
-# suite; the core suite's integration tests, vLLM's engine suite, the fault suite. Every suite
-# is printed whole when it ends.
-CORE_A := tests/unit tests/kv tests/master tests/gpu
-CORE_B := tests/integration
+# starts as soon as its environment is there, in two lanes on the two cores: the core suite,
+# then SGLang's; vLLM's engine suite, its interface suite, then the core fault suite. Every suite
+# is printed whole when it ends. (Splitting the core suite over both lanes ran it beside three
+# installs and held the engine suite back behind it: longer, and sub-second lease windows ran
+# out.)
 test:
-	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core-a test-sglang test-vllm-interface \
-	  test-core-b test-vllm-engine test-fault
+	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core test-sglang test-vllm-engine \
+	  test-vllm-interface test-fault
 
-test-core: test-core-a test-core-b test-fault
-
-test-core-a: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(CORE_A)
-
-test-core-b: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(CORE_B)
+test-core: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
 
 test-fault: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/fault
 
 ifdef LANES
-test-sglang: | test-core-a
-test-vllm-interface: | test-sglang
-test-vllm-engine: | test-core-b
-test-fault: | test-vllm-engine
+test-sglang: | test-core
+test-vllm-interface: | test-vllm-engine
+test-fault: | test-vllm-interface
 endif
 
 envs:

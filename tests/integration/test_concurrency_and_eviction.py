@@ -77,10 +77,11 @@ def test_a_value_larger_than_the_arena_is_refused_cleanly(cluster_factory):
 
 
 def test_a_shm_batch_of_many_write_windows_is_stored_whole(cluster_factory):
-    """A 0.4 s lease TTL gives a same-host writer 0.2 s from each ALLOC: the old batch put
-    allocated all 3000 values before copying any and stored none of them."""
+    """A 1 s lease TTL gives a same-host writer 0.5 s from each ALLOC: a batch put that
+    allocated all 3000 values before copying any lost the windows of the first ones (with
+    0.4 s it stored none; 0.4 s was too short for any put while make test's other lane ran)."""
     cluster = cluster_factory(1, memory="64MiB",
-                              server_args=("--segment-size", "4MiB", "--lease-ttl", "0.4"))
+                              server_args=("--segment-size", "4MiB", "--lease-ttl", "1.0"))
     keys = [f"w{i}" for i in range(3000)]
     values = [i.to_bytes(4, "little") * 64 for i in range(3000)]
     with Client(cluster.addresses, timeout_s=2.0, transport="shm") as client:
