@@ -36,6 +36,7 @@ from baselines import (RedisServer, memcpy_gbps, memcpy_threads_gbps, raw_socket
 
 from gcache.cli.local_cluster import LocalCluster  # noqa: E402
 from gcache.sdk import Client  # noqa: E402
+from gcache.transport import nixl  # noqa: E402
 
 MiB = 1 << 20
 
@@ -154,7 +155,7 @@ def main() -> int:
 
     limits["memcpy_2threads_gbps"] = memcpy_threads_gbps(2)
     transports = ["tcp", "shm"]
-    if nixl_bare.available():
+    if nixl.available():
         print("measuring the bare NIXL loop ...", flush=True)
         limits.update(nixl_limits(args.repeat, args.bytes_per_run))
         transports.append("nixl")

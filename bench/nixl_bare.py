@@ -27,14 +27,6 @@ from results_file import write_results  # noqa: E402
 MiB = 1 << 20
 
 
-def available() -> bool:
-    try:
-        import nixl_cu12._api  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _agent(name: str):
     from nixl_cu12._api import nixl_agent, nixl_agent_config
     return nixl_agent(name, nixl_agent_config(enable_prog_thread=True, backends=["UCX"]))
