@@ -1,7 +1,9 @@
 """The master's gRPC service (``gcache/proto/master.proto``) and its token check.
 
 Reads (GetClusterMap, Status) are answered from this member's applied state, which may lag
-the leader's by a few entries; clients never move to a map older than the one they have. Register and Drain
+the leader's by a few entries; clients never move to a map older than the one they have. A
+member serves no map until it has caught up with the leader once since it started (pysyncobj's
+``isReady``), so a restarted member never hands a new client the map it had when it died. Register and Drain
 are Raft commands, which pysyncobj forwards to the leader from any member. Heartbeat lives in
 the leader's memory, so a follower refuses it with FAILED_PRECONDITION and names the leader's
 gRPC address in the ``gcache-leader`` trailing metadata; ``transport.master_rpc`` follows it.
@@ -63,6 +65,13 @@ class MasterService(pb_grpc.MasterServicer):
         return pb.HeartbeatReply(epoch=self.group.state.epoch, state=STATE_TO_PB[record.state])
 
     def GetClusterMap(self, request: pb.GetClusterMapRequest, context: Any) -> pb.ClusterMap:
+        if not self.group.is_ready():
+            # A restarted member replays its own journal before the leader reaches it: a map
+            # from then would be one the cluster left long ago, and a client whose first map
+            # it is would place every key on it. The refusal (like a follower's refusal of a
+            # heartbeat) sends the client on to the next member.
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this member is catching up with the Raft log; ask another")
         state = self.group.state
         epoch = state.epoch
         if request.since_epoch == epoch and epoch:
