@@ -70,7 +70,8 @@ def gcache_figures(client: Client, size: int, repeat: int, total_bytes: int) -> 
     assert all(client.batch_put(keys, [value] * len(keys)))
     ops = max(8, total_bytes // size)
     outs = [[np.empty(size, dtype=np.uint8) for _ in range(16)] for _ in range(4)]
-    for buffer in [value, *(out for row in outs for out in row)]:
+    buffers = [value, *(out for row in outs for out in row)]
+    for buffer in buffers:
         client.register_buffer(buffer)                 # NIXL: once each; a no-op elsewhere
     figures: dict[str, float] = {}
     for threads in (1, 4):
@@ -95,6 +96,8 @@ def gcache_figures(client: Client, size: int, repeat: int, total_bytes: int) -> 
 
         figures[f"batch_get_into16_t{threads}"] = best_of(
             repeat, lambda: threaded_gbps(threads, batch_n, 16 * size, batch))
+    for buffer in buffers:
+        client.unregister_buffer(buffer)
     return figures
 
 

@@ -211,10 +211,17 @@ class Client:
     def register_buffer(self, buffer: Any) -> bool:
         """Register ``buffer`` (host memory, or a CUDA tensor as VRAM) for NIXL once, so that
         reads into it and writes from it move without a bounce copy: a GPU host's KV goes
-        straight between the NIC and GPU memory. Keep it alive while it is registered (until
-        ``close``). False, and nothing done, when this client will never use NIXL
+        straight between the NIC and GPU memory. The client holds a reference to ``buffer``
+        until ``unregister_buffer`` or ``close``, so its memory is never freed under the
+        registration. False, and nothing done, when this client will never use NIXL
         (``transport`` tcp or shm, or auto on a host without an RDMA NIC)."""
         return self._d.routes.register_buffer(buffer)
+
+    def unregister_buffer(self, buffer: Any) -> bool:
+        """Undo ``register_buffer(buffer)`` and drop the client's reference to it (reads into
+        it and writes from it then go through bounce buffers); False when it was not
+        registered. Do not unregister a buffer that an operation is still using."""
+        return self._d.routes.unregister_buffer(buffer)
 
     # ---- introspection --------------------------------------------------------------------------
 

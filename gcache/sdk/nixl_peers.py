@@ -89,19 +89,19 @@ class NixlPeers:
 
     def register(self, buffer: Any) -> None:
         """Register ``buffer`` with this client's agent (once; a part of a registered buffer
-        is registered already)."""
-        from gcache.transport.nixl import Region
+        is registered already). The agent keeps ``buffer`` alive until ``unregister``."""
         agent, _ = self._started()
-        if is_cuda_tensor(buffer):
-            from gcache.transport.cuda import cuda_address
-            pointer, device = cuda_address(buffer)
-            agent.register(Region(pointer, nbytes(buffer), "VRAM", device))
-            return
-        import numpy as np
-        view = as_memoryview(buffer, writable=False, what="buffer")
-        if len(view) == 0:
-            raise ValueError("buffer is empty; there is nothing to register")
-        agent.register(Region(np.frombuffer(view, dtype=np.uint8).ctypes.data, len(view)))
+        agent.register(_region_of(buffer), owner=buffer)
+
+    def unregister(self, buffer: Any) -> bool:
+        """Undo ``register(buffer)``; False when ``buffer`` itself was never registered (a part
+        of a registered buffer is not: the whole is unregistered with the whole)."""
+        with self._lock:
+            agent = self._agent
+        if agent is None:
+            return False
+        region = _region_of(buffer)
+        return agent.deregister(region.address, region.length)
 
     def registered_regions(self) -> int:
         """Regions this client's agent registered (0 before it exists)."""
@@ -115,6 +115,19 @@ class NixlPeers:
             agent, self._agent, self._exchanges = self._agent, None, {}
         if agent is not None:
             agent.close()
+
+
+def _region_of(buffer: Any) -> Any:
+    from gcache.transport.nixl import Region
+    if is_cuda_tensor(buffer):
+        from gcache.transport.cuda import cuda_address
+        pointer, device = cuda_address(buffer)
+        return Region(pointer, nbytes(buffer), "VRAM", device)
+    import numpy as np
+    view = as_memoryview(buffer, writable=False, what="buffer")
+    if len(view) == 0:
+        raise ValueError("buffer is empty; there is nothing to register")
+    return Region(np.frombuffer(view, dtype=np.uint8).ctypes.data, len(view))
 
 
 def _nixl_fact(address: str, facts: dict) -> tuple[bytes, int]:

@@ -112,6 +112,10 @@ class Routes:
         self._nixl.register(buffer)
         return True
 
+    def unregister_buffer(self, buffer: Any) -> bool:
+        """Undo ``register_buffer``; False when ``buffer`` was not registered."""
+        return self._may_use_nixl() and self._nixl.unregister(buffer)
+
     def nixl_regions(self) -> int:
         return self._nixl.registered_regions()
 

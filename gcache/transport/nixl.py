@@ -95,21 +95,40 @@ class NixlAgent:
         self._agent.create_backend("UCX", params)
         self._lock = threading.Lock()
         self._regions: list[Region] = []          # sorted by address
-        self._registered: list[tuple[Region, Any]] = []
+        self._registered: list[tuple[Region, Any, Any]] = []    # region, NIXL descs, owner
         self._remotes: dict[bytes, str] = {}      # metadata -> remote agent name
         self._slots = threading.BoundedSemaphore(max(1, in_flight))
 
     # ---- memory ---------------------------------------------------------------------------------
 
-    def register(self, region: Region) -> None:
-        """Register ``region`` once (a region inside one already registered is a no-op)."""
+    def register(self, region: Region, owner: Any = None) -> bool:
+        """Register ``region`` once; False (a no-op) for a region inside one already
+        registered. ``owner``, the object whose memory it is, is kept until ``deregister``:
+        a registration outlives nothing it names, since memory freed under it would hand its
+        addresses to the next allocation while the NIC still maps the old pages (there, NIXL
+        refuses every transfer; on a NIC, a WRITE would land in memory nobody reads)."""
         with self._lock:
             if self._covering(region.address, region.length) is not None:
-                return
+                return False
             descs = self._agent.register_memory(
                 [(region.address, region.length, region.device, "")], region.kind)
-            self._registered.append((region, descs))
+            self._registered.append((region, descs, owner))
             bisect.insort(self._regions, region, key=lambda r: r.address)
+            return True
+
+    def deregister(self, address: int, length: int) -> bool:
+        """Deregister the region that ``register`` made at exactly ``[address, address +
+        length)`` and drop its owner; False when there is none. A transfer of it still in
+        flight fails (a miss)."""
+        with self._lock:
+            found = next((entry for entry in self._registered
+                          if (entry[0].address, entry[0].length) == (address, length)), None)
+            if found is None:
+                return False
+            self._registered.remove(found)
+            self._regions.remove(found[0])
+        self._agent.deregister_memory(found[1])
+        return True
 
     def covering(self, address: int, length: int) -> Region | None:
         """The registered region holding ``[address, address + length)``, if any."""
@@ -246,7 +265,7 @@ class NixlAgent:
                 self._agent.remove_remote_agent(name)
             except Exception:                           # noqa: BLE001
                 pass
-        for _, descs in registered:
+        for _, descs, _ in registered:
             try:
                 self._agent.deregister_memory(descs)
             except Exception as exc:                    # noqa: BLE001

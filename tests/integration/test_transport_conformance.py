@@ -13,6 +13,7 @@ import itertools
 import mmap
 import os
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -240,3 +241,28 @@ def test_a_buffer_is_registered_once_and_reused(client):
     assert client.stats()["nixl_regions"] == regions
     if transport == "nixl":
         assert regions == 2                  # the bounce slots and this buffer
+
+
+def test_a_registered_buffer_lives_until_it_is_unregistered(client):
+    # Memory freed under a registration hands its addresses to the next allocation while the
+    # registration still names the old pages: the client keeps what it registered alive.
+    transport = client.config.transport
+    k = key("unreg")
+    assert client.put(k, data(1 << 20, 7))
+    buffer = np.zeros(1 << 20, dtype=np.uint8)
+    alive = weakref.ref(buffer)
+    regions = client.stats()["nixl_regions"]
+    assert client.register_buffer(buffer) is (transport == "nixl")
+    del buffer
+    assert (alive() is not None) is (transport == "nixl")
+    if transport != "nixl":
+        return
+    assert client.get_into(k, alive()) == 1 << 20 and alive().tobytes() == data(1 << 20, 7)
+    assert client.unregister_buffer(alive()) is True
+    assert client.unregister_buffer(np.zeros(16, dtype=np.uint8)) is False
+    assert client.stats()["nixl_regions"] == regions
+    assert alive() is None
+    for _ in range(3):        # fresh buffers, likely at the freed addresses: through the bounce
+        out = np.zeros(1 << 20, dtype=np.uint8)
+        assert client.get_into(k, out) == 1 << 20 and out.tobytes() == data(1 << 20, 7)
+
