@@ -35,6 +35,7 @@ from gcache.errors import ConnectionLost, IOTimeout
 log = logging.getLogger(__name__)
 _SPIN_S = 1e-3                # how long a waiter polls flat out before sleeping between polls
 _POLL_SLEEP_S = 50e-6
+_PROGRESS_WAIT_US = 1000      # UCX's progress thread: the longest wait for an event, in µs
 _names = itertools.count()
 
 
@@ -80,17 +81,37 @@ class Transfer:
     state: str = "PROC"
 
 
+def _waiting_agent(name: str) -> Any:
+    """A NIXL agent whose UCX progress thread sleeps between events, safe to call from many
+    threads at once (``NIXL_THREAD_SYNC_RW``: transfers concurrent, registrations exclusive).
+
+    ``nixl_agent`` fixes the progress thread's delay at 0, and UCX's progress thread waits
+    on its workers' event fds with that as the timeout: a busy loop, one core per agent even
+    when idle (measured here: 2.97 CPU-seconds over 3 idle seconds; on two cores the server's
+    and the client's agents took both, and every control frame waited for a time slice). So
+    the agent is rebuilt with a delay before any backend exists; the wrapper's methods call
+    the native agent it holds."""
+    from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t, nixlBind
+
+    sync = nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
+    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[],
+                                               sync_mode=sync))
+    native = nixlBind.nixlAgentConfig()
+    native.useProgThread, native.useListenThread = True, False
+    native.syncMode, native.pthrDelay = sync.value, _PROGRESS_WAIT_US
+    native.captureTelemetry = False
+    agent.agent = nixlBind.nixlAgent(name, native)
+    return agent
+
+
 class NixlAgent:
     """One NIXL agent with the UCX backend. ``devices`` is UCX's device list (for example
     ``["mlx5_0:1"]``, from ``gcache.transport.topology``); empty lets UCX choose. Thread-safe:
     registration and remote agents under a lock, transfers from any thread."""
 
     def __init__(self, role: str, *, devices: Sequence[str] = (), in_flight: int = 8) -> None:
-        from nixl_cu12._api import nixl_agent, nixl_agent_config
-
         self.name = f"gcache-{role}-{os.getpid()}-{next(_names)}-{os.urandom(4).hex()}"
-        self._agent = nixl_agent(self.name, nixl_agent_config(enable_prog_thread=True,
-                                                              backends=[]))
+        self._agent = _waiting_agent(self.name)
         params = {"ucx_devices": ",".join(devices)} if devices else {}
         self._agent.create_backend("UCX", params)
         self._lock = threading.Lock()
