@@ -81,7 +81,7 @@ class Transfer:
     state: str = "PROC"
 
 
-def _waiting_agent(name: str) -> Any:
+def waiting_agent(name: str) -> Any:
     """A NIXL agent whose UCX progress thread sleeps between events, safe to call from many
     threads at once (``NIXL_THREAD_SYNC_RW``: transfers concurrent, registrations exclusive).
 
@@ -90,7 +90,8 @@ def _waiting_agent(name: str) -> Any:
     when idle (measured here: 2.97 CPU-seconds over 3 idle seconds; on two cores the server's
     and the client's agents took both, and every control frame waited for a time slice). So
     the agent is rebuilt with a delay before any backend exists; the wrapper's methods call
-    the native agent it holds."""
+    the native agent it holds. No backend yet: the caller creates it (``bench/nixl_bare.py``
+    measures the bare limit on agents made here, so both sides of a ratio have one config)."""
     from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t, nixlBind
 
     sync = nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
@@ -111,7 +112,7 @@ class NixlAgent:
 
     def __init__(self, role: str, *, devices: Sequence[str] = (), in_flight: int = 8) -> None:
         self.name = f"gcache-{role}-{os.getpid()}-{next(_names)}-{os.urandom(4).hex()}"
-        self._agent = _waiting_agent(self.name)
+        self._agent = waiting_agent(self.name)
         params = {"ucx_devices": ",".join(devices)} if devices else {}
         self._agent.create_backend("UCX", params)
         self._lock = threading.Lock()
