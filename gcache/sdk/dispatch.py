@@ -71,7 +71,8 @@ class Dispatcher:
                              io_size=config.io_size, token=config.token,
                              staging=self.cuda_staging,
                              transfers_in_flight=config.transfers_in_flight,
-                             nixl_devices=devices)
+                             nixl_devices=devices,
+                             nixl_workers=config.io_threads + 1)   # and the calling thread
         self.pool = ServerPool(connect=self.routes.connect, suspect_s=config.suspect_s,
                                idle_max=config.io_threads + 1)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io",

@@ -20,9 +20,9 @@ BOUNCE_SLOT_MAX = 4 << 20
 
 class NixlPeers:
     def __init__(self, *, io_size: int, timeout_s: float, in_flight: int,
-                 devices: Sequence[str], staging: Callable[[], Any]) -> None:
+                 devices: Sequence[str], staging: Callable[[], Any], workers: int = 1) -> None:
         self._io_size, self._timeout_s = io_size, timeout_s
-        self._in_flight, self._devices = in_flight, tuple(devices)
+        self._in_flight, self._devices, self._workers = in_flight, tuple(devices), workers
         self._staging = staging
         self._lock = threading.Lock()
         self._agent: Any = None
@@ -35,7 +35,8 @@ class NixlPeers:
         with self._lock:
             if self._agent is None:
                 from gcache.transport.nixl import BounceSlots, NixlAgent
-                agent = NixlAgent("client", devices=self._devices, in_flight=self._in_flight)
+                agent = NixlAgent("client", devices=self._devices, in_flight=self._in_flight,
+                                  workers=self._workers)
                 self._bounce = BounceSlots(agent, slot_bytes=min(self._io_size, BOUNCE_SLOT_MAX),
                                            slots=self._in_flight)
                 self._agent = agent

@@ -52,7 +52,7 @@ class Link:
 class Routes:
     def __init__(self, *, transport: str, timeout_s: float, io_size: int,
                  token: str | None, staging: Callable[[], Any], transfers_in_flight: int = 8,
-                 nixl_devices: tuple[str, ...] = ()) -> None:
+                 nixl_devices: tuple[str, ...] = (), nixl_workers: int = 1) -> None:
         self._transport = transport
         self._token = token
         self._timeout_s = timeout_s
@@ -65,7 +65,7 @@ class Routes:
         self._tcp_exchange = TcpExchange(io_size=io_size, staging=staging)
         self._nixl = NixlPeers(io_size=io_size, timeout_s=timeout_s,
                                in_flight=transfers_in_flight, devices=nixl_devices,
-                               staging=staging)
+                               staging=staging, workers=nixl_workers)
         self._nixl_here: bool | None = None
 
     def connect(self, address: str) -> Link:

@@ -107,13 +107,20 @@ def waiting_agent(name: str) -> Any:
 
 class NixlAgent:
     """One NIXL agent with the UCX backend. ``devices`` is UCX's device list (for example
-    ``["mlx5_0:1"]``, from ``gcache.transport.topology``); empty lets UCX choose. Thread-safe:
+    ``["mlx5_0:1"]``, from ``gcache.transport.topology``); empty lets UCX choose. ``workers``:
+    UCX workers, one per thread that will move data (a server's agent only serves). Thread-safe:
     registration and remote agents under a lock, transfers from any thread."""
 
-    def __init__(self, role: str, *, devices: Sequence[str] = (), in_flight: int = 8) -> None:
+    def __init__(self, role: str, *, devices: Sequence[str] = (), in_flight: int = 8,
+                 workers: int = 1) -> None:
         self.name = f"gcache-{role}-{os.getpid()}-{next(_names)}-{os.urandom(4).hex()}"
         self._agent = waiting_agent(self.name)
-        params = {"ucx_devices": ",".join(devices)} if devices else {}
+        # One UCX worker per calling thread (NIXL picks a worker per thread, round robin): the
+        # threads of one worker take turns on its lock, which halved batch reads over four IO
+        # threads (measured: 1.1 GB/s with one worker, 2.7 with four).
+        params = {"num_workers": str(max(1, workers))}
+        if devices:
+            params["ucx_devices"] = ",".join(devices)
         self._agent.create_backend("UCX", params)
         self._lock = threading.Lock()
         self._regions: list[Region] = []          # sorted by address
