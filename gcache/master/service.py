@@ -3,10 +3,11 @@
 Reads (GetClusterMap, Status) are answered from this member's applied state, which may lag
 the leader's by a few entries; clients never move to a map older than the one they have. A
 member serves no map until it has caught up with the leader once since it started (pysyncobj's
-``isReady``), so a restarted member never hands a new client the map it had when it died. Register and Drain
-are Raft commands, which pysyncobj forwards to the leader from any member. Heartbeat lives in
-the leader's memory, so a follower refuses it with FAILED_PRECONDITION and names the leader's
-gRPC address in the ``gcache-leader`` trailing metadata; ``transport.master_rpc`` follows it.
+``isReady``), so a restarted member never hands a new client the map it had when it died.
+Register and Drain are Raft commands, which pysyncobj forwards to the leader from any member.
+Heartbeat lives in the leader's memory, so a follower refuses it with FAILED_PRECONDITION and
+names the leader's gRPC address in the ``gcache-leader`` trailing metadata;
+``transport.master_rpc`` follows it.
 """
 
 from __future__ import annotations

@@ -125,6 +125,7 @@ class NixlAgent:
         self._lock = threading.Lock()
         self._regions: list[Region] = []          # sorted by address
         self._registered: list[tuple[Region, Any, Any]] = []    # region, NIXL descs, owner
+        self._stuck: list[tuple[Region, Any, Any]] = []   # deregistrations NIXL refused
         self._remotes: dict[bytes, str] = {}      # metadata -> remote agent name
         self._slots = threading.BoundedSemaphore(max(1, in_flight))
 
@@ -156,7 +157,14 @@ class NixlAgent:
                 return False
             self._registered.remove(found)
             self._regions.remove(found[0])
-        self._agent.deregister_memory(found[1])
+        try:
+            self._agent.deregister_memory(found[1])
+        except Exception as exc:                        # noqa: BLE001 - nixlBind errors
+            # Still registered as far as NIXL knows: its memory must stay alive.
+            with self._lock:
+                self._stuck.append(found)
+            log.warning("nixl.deregister_failed address=%#x detail=%s", address, exc)
+            return False
         return True
 
     def covering(self, address: int, length: int) -> Region | None:

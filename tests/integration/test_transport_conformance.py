@@ -265,4 +265,3 @@ def test_a_registered_buffer_lives_until_it_is_unregistered(client):
     for _ in range(3):        # fresh buffers, likely at the freed addresses: through the bounce
         out = np.zeros(1 << 20, dtype=np.uint8)
         assert client.get_into(k, out) == 1 << 20 and out.tobytes() == data(1 << 20, 7)
-
