@@ -14,7 +14,7 @@ from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
 from gcache.kv.page_keys import page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
-from gcache.kv.store import KVStore, Probe, SaveResult
+from gcache.kv.store import KVStore, Probe, SavePlan, SaveResult
 from gcache.kv.weights import weights_fingerprint
 from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_span
 from gcache.sdk import DONE, PinnedPool, PoolExhausted
@@ -22,7 +22,7 @@ from gcache.sdk import DONE, PinnedPool, PoolExhausted
 __all__ = [
     "DEFAULT_POLICY", "DONE", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
     "LayerGeometry", "LoadHandle", "ModelLayout", "PinnedPool", "PoolExhausted", "Probe",
-    "SHIPPED_CONFIGS", "SaveResult", "StorePolicy", "client_from_settings", "count_setting",
-    "gcache_settings", "leading", "page_hashes", "page_regions", "policy_from_name",
+    "SHIPPED_CONFIGS", "SavePlan", "SaveResult", "StorePolicy", "client_from_settings",
+    "count_setting", "gcache_settings", "leading", "page_hashes", "page_regions", "policy_from_name",
     "restorable_prefixes", "safe_boundary", "tail_span", "weights_fingerprint",
 ]

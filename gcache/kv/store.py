@@ -59,6 +59,17 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class SavePlan:
+    """What a save of one sequence writes, decided once for all its layers: an engine saves
+    layer by layer, and the pressure reading may change between layers; tails chosen per layer
+    would then differ between layers, and a tail some sliding layer lacks is never confirmed
+    (a probe needs every sliding layer's), while it is the costliest object stored."""
+
+    probe: Probe
+    tails: tuple[int, ...]             # boundaries (in pages) whose window tails are written
+
+
+@dataclass(frozen=True, slots=True)
 class SaveResult:
     objects_written: int
     bytes_written: int
@@ -148,16 +159,30 @@ class KVStore:
 
     # ---- save -----------------------------------------------------------------------------------
 
-    def save(self, token_ids: Sequence[int] | np.ndarray, source: KVSource, *,
-             probe: Probe | None = None, layers: Iterable[int] | None = None) -> SaveResult:
-        """Store the full pages of ``token_ids`` and the window tails the policy picks, skipping
-        what the cluster already holds. ``layers`` limits the save to those layers (an engine
-        saving layer by layer); ``probe`` reuses a probe of the same tokens."""
+    def plan_save(self, token_ids: Sequence[int] | np.ndarray, *,
+                  probe: Probe | None = None) -> SavePlan:
+        """The plan of a save of ``token_ids`` (``probe``: one of the same tokens, reused):
+        the tails the policy picks under the pressure read now. Pass it to every layer's
+        ``save`` of this sequence."""
         probe = probe or self.probe(token_ids)
-        wanted = self._layers(layers)
         tails = self.policy.tail_boundaries(probe.n_pages, shared_pages=probe.shared_pages,
                                             hit_pages=probe.hit_pages,
                                             pressure=self._pressure())
+        return SavePlan(probe, tuple(tails))
+
+    def save(self, token_ids: Sequence[int] | np.ndarray, source: KVSource, *,
+             probe: Probe | None = None, plan: SavePlan | None = None,
+             layers: Iterable[int] | None = None) -> SaveResult:
+        """Store the full pages of ``token_ids`` and the window tails the policy picks, skipping
+        what the cluster already holds. ``layers`` limits the save to those layers (an engine
+        saving layer by layer: give every layer's call the same ``plan``, from ``plan_save``);
+        ``probe`` reuses a probe of the same tokens for a save planned here."""
+        if plan is not None and probe is not None and plan.probe is not probe:
+            raise InvalidRequest("give a save either plan= or probe=, not both: the plan "
+                                 "holds its probe")
+        plan = plan or self.plan_save(token_ids, probe=probe)
+        probe, tails = plan.probe, plan.tails
+        wanted = self._layers(layers)
         keys: list[str] = []
         values: list[memoryview] = []
         page = self.layout.page_size

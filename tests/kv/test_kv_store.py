@@ -1,12 +1,15 @@
 """KVStore on a real local cluster: byte-exact save and load of only what the rules keep,
 window-safe matches, layer-by-layer completion, and the storage-size target."""
 
+import itertools
+
 import numpy as np
 import pytest
 
 from gcache.errors import InvalidRequest
 from gcache.kv import KVStore, LayerArrays, ModelLayout, tail_span
 from gcache.kv import page_keys
+from gcache.kv.policy import Pressure
 from gcache.sdk import Client
 from tests.kv.layouts import all_sliding, full_attention, hybrid
 
@@ -181,3 +184,35 @@ def test_bad_inputs_are_refused_with_the_rule(kv_client):
             store.load(tokens, 3 * 64, LayerArrays(layout, arrays))
         with pytest.raises(InvalidRequest, match="outside 0..4"):
             store.save(tokens, LayerArrays(layout, arrays), layers=[7])
+
+
+def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_client,
+                                                                              monkeypatch):
+    # An engine saves one layer at a time; the pressure reading may change between layers.
+    # Tails chosen per layer would then differ between sliding layers, and a tail that one of
+    # them lacks is never confirmed by a probe, though it is the costliest object stored.
+    layout = hybrid(window=128, page=64, model="plan")
+    n_pages = 20
+    tokens, src = tokens_of(n_pages * 64, 9), kv_arrays(layout, n_pages * 64)
+    with KVStore(kv_client, layout, policy="adaptive") as store:
+        readings = itertools.cycle([Pressure.ROOMY, Pressure.EVICTING])
+        monkeypatch.setattr(store, "_pressure", lambda: next(readings))
+        under = {p: store.policy.tail_boundaries(n_pages, shared_pages=0, hit_pages=0,
+                                                 pressure=p)
+                 for p in (Pressure.ROOMY, Pressure.EVICTING)}
+        assert under[Pressure.ROOMY] != under[Pressure.EVICTING]     # the change matters
+        plan = store.plan_save(tokens)
+        results = [store.save(tokens, LayerArrays(layout, src), plan=plan, layers=[layer])
+                   for layer in range(layout.num_layers)]
+        assert {r.tail_boundaries for r in results} == {plan.tails}
+        assert list(plan.tails) == under[Pressure.ROOMY]
+        hashes, group = store.hashes(tokens), page_keys.group_of(store.hashes(tokens))
+        for layer in layout.swa_layers:
+            keys = [page_keys.tail_key(hashes[b - 1], layer) for b in range(1, n_pages + 1)]
+            stored = [b for b, ok in zip(range(1, n_pages + 1),
+                                         kv_client.batch_exists(keys, group=group)) if ok]
+            assert stored == list(plan.tails), layer
+        assert store.match(tokens) == n_pages * 64
+        with pytest.raises(InvalidRequest, match="plan= or probe="):
+            store.save(tokens, LayerArrays(layout, src), plan=plan,
+                       probe=store.probe(tokens))

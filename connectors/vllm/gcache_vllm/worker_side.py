@@ -118,7 +118,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._failed_requests: set[str] = set()                # async loads, by request
         self._saves: queue.Queue = queue.Queue()
-        self._probes: dict[tuple[str, int], Any] = {}
+        self._plans: dict[tuple[str, int], Any] = {}
         self._saver = threading.Thread(target=self._save_loop, name="gcache-vllm-save",
                                        daemon=True)
         self._saver.start()
@@ -312,7 +312,7 @@ class WorkerSide:
 
     def wait_saves(self) -> None:
         self._saves.join()
-        self._probes.clear()
+        self._plans.clear()
 
     def close(self) -> None:
         """Finish what is in flight: queued saves, and loads still writing into pooled
@@ -346,12 +346,12 @@ class WorkerSide:
 
     def _save(self, spec: SaveSpec, index: int, host: Any, first: int) -> None:
         key = (spec.req_id, len(spec.token_ids))          # a prefill's and a finish's save
-        probe = self._probes.get(key)
-        if probe is None:
-            probe = self._probes[key] = self.store.probe(spec.token_ids)
+        plan = self._plans.get(key)
+        if plan is None:                        # one plan for every layer of this save
+            plan = self._plans[key] = self.store.plan_save(spec.token_ids)
         source = _GatheredSource(self.layout, host, first)
         started = time.perf_counter()
-        result = self.store.save(spec.token_ids, source, probe=probe, layers=[index])
+        result = self.store.save(spec.token_ids, source, plan=plan, layers=[index])
         self._sample("save_s", time.perf_counter() - started)
         self._count("saved_layers", 1)
         self._count("bytes_saved", result.bytes_written)
