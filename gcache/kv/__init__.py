@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_POLICY", "DONE", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
     "LayerGeometry", "LoadHandle", "ModelLayout", "PinnedPool", "PoolExhausted", "Probe",
     "SHIPPED_CONFIGS", "SavePlan", "SaveResult", "StorePolicy", "client_from_settings",
-    "count_setting", "gcache_settings", "leading", "page_hashes", "page_regions", "policy_from_name",
-    "restorable_prefixes", "safe_boundary", "tail_span", "weights_fingerprint",
+    "count_setting", "gcache_settings", "leading", "page_hashes", "page_regions",
+    "policy_from_name", "restorable_prefixes", "safe_boundary", "tail_span",
+    "weights_fingerprint",
 ]
