@@ -186,19 +186,21 @@ class KVStore:
         keys: list[str] = []
         values: list[memoryview] = []
         page = self.layout.page_size
+        paged = [layer for layer in self.paged_layers if layer in wanted]   # keys of these only
         for i, h in enumerate(probe.hashes):
-            for layer in self.paged_layers:
+            for layer in paged:
                 key = page_keys.page_key(h, layer)
-                if layer in wanted and key not in probe.present_keys:
+                if key not in probe.present_keys:
                     keys.append(key)
                     values.append(self._read(source, layer, i * page, (i + 1) * page))
+        sliding = [layer for layer in self.tail_layers if layer in wanted]
         for b in tails:
             if b in probe.safe_tails:
                 continue
             start, stop = tail_span(b, page, self.layout.window)
-            for layer in self.tail_layers:
+            for layer in sliding:
                 key = page_keys.tail_key(probe.hashes[b - 1], layer)
-                if layer in wanted and key not in probe.present_keys:
+                if key not in probe.present_keys:
                     value = source.read(layer, start, stop)
                     if value is None:              # the engine no longer holds that window
                         continue

@@ -32,6 +32,8 @@ class BlobColdStore:
         self._lock = threading.Lock()
         self._db = open_index(path, blob_files=True)
         self._bytes, self._next = 0, 0
+        # Counted once here and kept since: STAT must not walk the index under the lock.
+        self._objects = sum(1 for _ in self._db.items(b"m"))
         for order, raw in self._db.items(b"o"):
             self._bytes += SIZE.unpack_from(raw)[0]
             self._next = ORDER.unpack(order[1:])[0] + 1
@@ -49,6 +51,7 @@ class BlobColdStore:
                 number, self._next = self._next, self._next + 1
                 self._db.put(b"v" + key, bytes(value))
                 self._db.put(b"m" + key, META.pack(number, len(value), checksum, group))
+                self._objects += 1
                 self._db.put(b"o" + ORDER.pack(number), SIZE.pack(len(value)) + key)
                 self._bytes += len(value)
                 return True
@@ -86,7 +89,8 @@ class BlobColdStore:
                     "evicted_objects": self.evicted_objects, "failed_writes": self.failed_writes}
 
     def object_count(self) -> int:
-        return sum(1 for _ in self._db.items(b"m"))
+        with self._lock:
+            return self._objects
 
     def sync(self) -> None:
         """RocksDB's WAL carries every write; nothing more to flush for a crash."""
@@ -99,8 +103,10 @@ class BlobColdStore:
         if raw is None:
             return False
         number, length, _, _ = META.unpack(raw)
-        for k in (b"v" + key, b"m" + key, b"o" + ORDER.pack(number)):
+        for k in (b"m" + key, b"v" + key, b"o" + ORDER.pack(number)):
             self._db.delete(k)
+            if k[:1] == b"m":
+                self._objects -= 1
         self._bytes -= length
         return True
 

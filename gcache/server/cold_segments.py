@@ -49,6 +49,8 @@ class SegmentColdStore:
         self.file_bytes = min(file_bytes, max(1 << 20, capacity_bytes // 4))
         self._lock = threading.Lock()
         self._index = open_index(os.path.join(path, "index"))
+        # Counted once here and kept since: STAT must not walk the index under the lock.
+        self._objects = self._index.count()
         self._sizes: dict[int, int] = {}
         for name in sorted(os.listdir(path)):
             if name.startswith("seg-") and name.endswith(".dat"):
@@ -78,8 +80,10 @@ class SegmentColdStore:
                     self._sizes[self._current] += written
                     if written != size:
                         raise OSError(f"short write of {written} of {size} bytes")
+                    known = self._index.get(key) is not None
                     self._index.put(key, LOCATION.pack(self._current, offset + len(header) +
                                                        len(key), len(value), checksum, group))
+                    self._objects += not known
                     return True
                 except OSError as exc:
                     log.error("cold.write_failed attempt=%d error=%s", attempt, exc)
@@ -121,6 +125,7 @@ class SegmentColdStore:
             if self._index.get(key) is None:
                 return False
             self._index.delete(key)
+            self._objects -= 1
             return True
 
     def stats(self) -> dict[str, int]:
@@ -130,7 +135,8 @@ class SegmentColdStore:
                     "evicted_files": self.evicted_files, "failed_writes": self.failed_writes}
 
     def object_count(self) -> int:
-        return self._index.count()
+        with self._lock:
+            return self._objects
 
     def sync(self) -> None:
         os.fsync(self._write_fd)
@@ -173,6 +179,7 @@ class SegmentColdStore:
             raw = self._index.get(key)
             if raw is not None and LOCATION.unpack(raw)[0] == oldest:
                 self._index.delete(key)
+                self._objects -= 1
                 dropped += 1
         fd = self._read_fds.pop(oldest, None)
         if fd is not None:

@@ -33,6 +33,7 @@ from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_SUPERSEDED,
                                  STATE_TOMBSTONE, Arena, Segment, record_size, value_offset)
+from gcache.server.entry_index import EntryIndex
 from gcache.server.recovery import scan
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class HotTier:
         self.space = threading.Condition(self._lock)
         self.cold_backed = cold_backed
         self.on_commit: Callable[[bytes], Any] | None = None   # after a client's commit
-        self._index: dict[bytes, Entry] = {}
+        self._index = EntryIndex()                 # key -> Entry, with the live bytes summed
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
@@ -294,8 +295,7 @@ class HotTier:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            live = sum(e.length for e in self._index.values())
-            out = {"objects": len(self._index), "bytes": live,
+            out = {"objects": len(self._index), "bytes": self._index.value_bytes,
                    "capacity_bytes": self.arena.size_bytes, "used_bytes": self.arena.used_bytes,
                    "segments": len(self.arena.segments), "pins": len(self._pins)}
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})

@@ -1,0 +1,52 @@
+"""The hot tier's key -> entry map, with the bytes of the values it names as a running sum.
+
+STAT (and with it every ``gcache.kv`` pressure reading, once a second per store) asks how many
+bytes are live; summing every entry under the tier's lock held up every request of the server
+for as long as the sum took (a million objects: tens of milliseconds, every second, per
+reader). The sum is kept as entries come and go instead, so STAT is O(1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Sized(Protocol):
+    length: int
+
+
+class EntryIndex(dict):
+    """A dict that changes only by ``index[key] = entry``, ``del index[key]`` and ``pop``,
+    which keep ``value_bytes`` equal to the sum of its entries' ``length``."""
+
+    __slots__ = ("value_bytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value_bytes = 0
+
+    def __setitem__(self, key: bytes, entry: Sized) -> None:
+        old = self.get(key)
+        if old is not None:
+            self.value_bytes -= old.length
+        super().__setitem__(key, entry)
+        self.value_bytes += entry.length
+
+    def __delitem__(self, key: bytes) -> None:
+        self.value_bytes -= self[key].length
+        super().__delitem__(key)
+
+    def pop(self, key: bytes, *default: Any) -> Any:
+        if key in self:
+            entry = super().pop(key)
+            self.value_bytes -= entry.length
+            return entry
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("EntryIndex changes only by [key] = entry, del and pop (they keep "
+                        "value_bytes)")
+
+    update = setdefault = popitem = clear = __ior__ = _unsupported
