@@ -14,11 +14,14 @@ buffers are plain host tensors.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from gcache.errors import GCacheError
+
+log = logging.getLogger(__name__)
 
 MIN_CLASS_BYTES = 64 << 10
 
@@ -46,10 +49,18 @@ def size_class(n_bytes: int) -> int:
 
 
 class PinnedPool:
-    def __init__(self, *, pin: bool, cap_bytes: int) -> None:
+    """``on_new(buffer)`` runs for every buffer the pool makes and ``on_drop(buffer)`` for every
+    one it lets go (to make room under the cap): a client registers its staging there for
+    NIXL (``Client.register_buffer`` / ``unregister_buffer``), so transfers use the pinned
+    buffers themselves. A hook that raises is logged; the buffer serves on unregistered."""
+
+    def __init__(self, *, pin: bool, cap_bytes: int,
+                 on_new: Callable[[Any], Any] | None = None,
+                 on_drop: Callable[[Any], Any] | None = None) -> None:
         if cap_bytes < MIN_CLASS_BYTES:
             raise ValueError(f"cap_bytes={cap_bytes} is below one buffer ({MIN_CLASS_BYTES})")
         self.pin, self.cap_bytes = pin, cap_bytes
+        self._on_new, self._on_drop = on_new, on_drop
         self._free: dict[int, list[Any]] = {}
         self._pending: list[tuple[Any, Any]] = []          # (buffer, event of its last copy)
         self._lock = threading.Lock()
@@ -78,12 +89,14 @@ class PinnedPool:
             time.sleep(0.0005)
         import torch
         try:
-            return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)[:n_bytes]
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
         except BaseException:
             with self._lock:                             # pinning failed: no buffer to count
                 self.allocated_bytes -= size
                 self.allocations -= 1
             raise
+        _run_hook(self._on_new, buffer, "on_new")
+        return buffer[:n_bytes]
 
     def _reuse_or_reserve(self, size: int) -> tuple[Any, bool]:
         """(a free buffer of ``size``, False), or (None, whether ``size`` bytes were reserved
@@ -95,8 +108,9 @@ class PinnedPool:
             return free.pop(), False
         for other, buffers in self._free.items():
             while buffers and self.allocated_bytes + size > self.cap_bytes:
-                buffers.pop()           # torch's host allocator keeps it for later pins
+                dropped = buffers.pop()     # torch's host allocator keeps it for later pins
                 self.allocated_bytes -= other
+                _run_hook(self._on_drop, dropped, "on_drop")
         if self.allocated_bytes + size > self.cap_bytes:
             return None, False
         self.allocated_bytes += size
@@ -117,3 +131,12 @@ class PinnedPool:
             else:
                 still.append((buffer, event))
         self._pending = still
+
+
+def _run_hook(hook: Callable[[Any], Any] | None, buffer: Any, what: str) -> None:
+    if hook is None:
+        return
+    try:
+        hook(buffer)
+    except Exception as exc:                    # noqa: BLE001 - a registration is an extra
+        log.warning("pinned.%s_failed bytes=%d detail=%s", what, buffer.numel(), exc)

@@ -49,3 +49,24 @@ def test_a_bf16_kv_block_lands_on_the_device_over_nixl(cluster_factory):
         assert client.put("kv", kv)
         assert client.get_into("kv", out) == kv.numel() * kv.element_size()
         assert torch.equal(out, kv)
+
+
+def test_pinned_staging_registered_with_the_client_moves_without_a_bounce(cluster_factory):
+    # The vLLM connector's staging on a GPU host: pinned buffers registered as they are made.
+    import torch
+
+    from gcache.transport.pinned import PinnedPool
+    cluster = cluster_factory(1, server_args=NIXL_SERVER)
+    value = torch.randint(0, 255, (2 * MIB,), dtype=torch.uint8, device="cuda")
+    with Client(cluster.addresses, transport="nixl", timeout_s=5.0) as client:
+        pool = PinnedPool(pin=True, cap_bytes=16 * MIB, on_new=client.register_buffer,
+                          on_drop=client.unregister_buffer)
+        host = pool.take(2 * MIB)
+        assert host.is_pinned()
+        host.copy_(value)
+        assert client.put("pinned", host)
+        back = pool.take(2 * MIB)
+        assert client.get_into("pinned", back) == 2 * MIB
+        assert torch.equal(back.to("cuda"), value)
+        assert client.stats()["nixl_regions"] >= 3        # bounce slots and both buffers
+        assert client.stats()["misses_by_reason"] == {}

@@ -55,3 +55,24 @@ def test_at_its_cap_the_pool_waits_for_a_buffer_then_gives_up():
     pool.give(c)
     small = pool.take(64 * KIB)                            # another class: free ones make room
     assert pool.allocated_bytes <= 256 * KIB and small.numel() == 64 * KIB
+
+
+def test_every_buffer_made_is_announced_and_every_one_dropped_is_too():
+    # The hooks a client registers its staging with (NIXL): what was announced and not yet
+    # dropped is exactly what the pool holds, and a failing hook costs nothing but a log line.
+    made, dropped = [], []
+    pool = PinnedPool(pin=False, cap_bytes=256 * KIB, on_new=made.append,
+                      on_drop=dropped.append)
+    a = pool.take(100 * KIB)                              # a 128 KiB buffer
+    assert [m.data_ptr() for m in made] == [a.data_ptr()] and not dropped
+    pool.give(a)
+    b = pool.take(200 * KIB)                              # 256 KiB: the free one must go
+    assert [d.data_ptr() for d in dropped] == [a.data_ptr()]
+    assert [m.data_ptr() for m in made] == [a.data_ptr(), b.data_ptr()]
+    pool.give(b)
+
+    def refuse(buffer):
+        raise RuntimeError("registration refused")
+
+    failing = PinnedPool(pin=False, cap_bytes=256 * KIB, on_new=refuse)
+    assert failing.take(10 * KIB).numel() == 10 * KIB

@@ -30,10 +30,17 @@ POOL_WAIT_S = 0.0                     # the forward pass never waits for a buffe
 class Transfers:
     """The copies between one device's KV and host staging (see the module docstring)."""
 
-    def __init__(self, device: Any, *, pinned_bytes: int = DEFAULT_PINNED_BYTES) -> None:
+    def __init__(self, device: Any, *, pinned_bytes: int = DEFAULT_PINNED_BYTES,
+                 client: Any = None) -> None:
+        """``client``: the GCache client the staged bytes go through; each pinned buffer is
+        registered with it (a no-op unless it uses NIXL), so transfers move straight from and
+        to the pinned buffers instead of through its bounce slots."""
         self.device = device
         self.cuda = device.type == "cuda"
-        self.pool = PinnedPool(pin=self.cuda, cap_bytes=pinned_bytes)
+        register = getattr(client, "register_buffer", None)       # a Client, or a stand-in
+        hooks = {} if register is None else {"on_new": register,
+                                             "on_drop": client.unregister_buffer}
+        self.pool = PinnedPool(pin=self.cuda, cap_bytes=pinned_bytes, **hooks)
         self._save_stream = torch.cuda.Stream(device) if self.cuda else None
         self._load_stream = torch.cuda.Stream(device) if self.cuda else None
 

@@ -141,7 +141,8 @@ class WorkerSide:
                                  f"token, the model config gives {expected} (heads, head sizes "
                                  "or dtype disagree)")
             if self.transfers is None:
-                self.transfers = Transfers(tensor.device, pinned_bytes=self.pinned_bytes)
+                self.transfers = Transfers(tensor.device, pinned_bytes=self.pinned_bytes,
+                                           client=self.store.client)
             elif tensor.device != self.transfers.device:
                 raise ValueError(f"layer {name} is on {tensor.device}, other layers on "
                                  f"{self.transfers.device}; one worker drives one device")
