@@ -79,7 +79,7 @@ class SaveResult:
 
 class KVStore:
     """Save, match and load one model's KV through a ``gcache.Client`` (or anything with its
-    ``batch_put`` / ``batch_exists`` / ``batch_get_into`` / ``server_stats``)."""
+    ``batch_put`` / ``batch_exists`` / ``batch_get_into`` / ``fill``)."""
 
     def __init__(self, client: Any, layout: ModelLayout, *,
                  policy: str | StorePolicy = DEFAULT_POLICY, pressure_poll_s: float = 1.0,
@@ -243,14 +243,9 @@ class KVStore:
         now = time.monotonic()
         if now - self._polled_at >= self.pressure_poll_s:
             self._polled_at = now
-            evicted = used = capacity = 0
-            for stat in filter(None, self.client.server_stats().values()):
-                hot, cold = stat["tier"], stat.get("tiers", {}).get("cold")
-                # With a cold tier, data leaves the cache only when the disk evicts it.
-                evicted += hot["evicted_objects"] + (cold["evicted_objects"] if cold else 0)
-                used += cold["bytes"] if cold else hot["used_bytes"]
-                capacity += cold["capacity_bytes"] if cold else hot["capacity_bytes"]
-            self._gauge.observe(evicted_total=evicted, used_bytes=used, capacity_bytes=capacity)
+            fill = self.client.fill()
+            self._gauge.observe(evicted_total=fill.evicted_objects, used_bytes=fill.used_bytes,
+                                capacity_bytes=fill.capacity_bytes)
         return self._gauge.next_save()
 
     # ---- load -----------------------------------------------------------------------------------

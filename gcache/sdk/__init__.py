@@ -5,4 +5,4 @@ the SDK's own for CUDA tensors on TCP links, and an engine connector's)."""
 from gcache.sdk.client import Client
 from gcache.transport.pinned import DONE, PinnedPool, PoolExhausted
 
-__all__ = ["Client", "DONE", "PinnedPool", "PoolExhausted"]
+__all__ = ["Client", "DONE", "Fill", "PinnedPool", "PoolExhausted"]

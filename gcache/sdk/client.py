@@ -28,6 +28,7 @@ from gcache.keys import group_hash, validate_key
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher
+from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.transport.cuda import after_callers_work
@@ -240,6 +241,11 @@ class Client:
         out["transports"] = {a: self._d.routes.transport_of(a) for a in out["servers"]}
         out["nixl_regions"] = self._d.routes.nixl_regions()     # registered, bounce included
         return out
+
+    def fill(self) -> Fill:
+        """How full the servers are and how much they have evicted (one STAT each; servers that
+        do not answer are left out and not counted in ``servers``)."""
+        return fill_of(self.server_stats().values())
 
     def server_stats(self) -> dict[str, dict | None]:
         """Each server's STAT (None for a server that did not answer)."""

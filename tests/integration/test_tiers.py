@@ -194,6 +194,31 @@ def test_client_stats_and_metrics_report_per_tier(cluster_factory, tmp_path):
     assert stats["cold"]["hits"] >= 1 and stats["cold"]["objects"] > 0
 
 
+def test_fill_is_the_disk_with_a_cold_tier_and_the_memory_without(cluster_factory, tmp_path):
+    os.makedirs(tmp_path / "disk")
+    hot_only = cluster_factory(2, memory=ARENA, server_args=SERVER_ARGS)
+    cold = cluster_factory(1, memory=ARENA, server_args=(
+        *SERVER_ARGS, "--disk-dir", str(tmp_path / "disk"), "--disk-capacity", "64MiB"))
+    with Client(hot_only.addresses, timeout_s=3.0) as client:
+        assert client.fill().used_bytes == 0
+        for i in range(48):                               # 12 MiB through 16 MiB of memory
+            assert client.put(f"h{i}", value(i))
+        fill = client.fill()
+        hot = [s["tier"] for s in client.server_stats().values()]
+        assert fill.servers == 2 and fill.capacity_bytes == sum(t["capacity_bytes"] for t in hot)
+        assert fill.used_bytes == sum(t["used_bytes"] for t in hot) > 0
+        assert fill.evicted_objects == sum(t["evicted_objects"] for t in hot)
+        assert 0 < fill.fraction <= 1
+    with Client(cold.addresses, timeout_s=3.0) as client:
+        for i in range(48):
+            assert client.put(f"c{i}", value(i))
+        wait_until(lambda: tiers(client)["cold"]["bytes"] > 0, timeout_s=10)
+        fill = client.fill()
+        assert fill.servers == 1 and fill.capacity_bytes == 64 << 20
+        # The disk's bytes, not the memory's: demotion goes on, so they can only have grown.
+        assert 0 < fill.used_bytes <= tiers(client)["cold"]["bytes"]
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 6 MiB tmpfs: a disk that fills up long before the cold tier's budget does. (Ask for

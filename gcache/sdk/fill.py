@@ -1,0 +1,33 @@
+"""``Fill``: how full the cluster's memory (or, with a cold tier, its disk) is and how much it has
+evicted, from the servers' STAT: the reading ``gcache.kv``'s store policies adapt to, typed, so
+callers never parse STAT's JSON themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    used_bytes: int
+    capacity_bytes: int
+    evicted_objects: int      # values gone from the cache (with a cold tier: off its disk)
+    servers: int              # servers that answered
+
+    @property
+    def fraction(self) -> float:
+        return self.used_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
+
+
+def fill_of(stats: Iterable[dict | None]) -> Fill:
+    """The ``Fill`` of STAT answers (None for a server that did not answer). With a cold tier a
+    value leaves the cache only when the disk evicts it, so the disk's figures count there."""
+    used = capacity = evicted = servers = 0
+    for stat in filter(None, stats):
+        hot, cold = stat["tier"], (stat.get("tiers") or {}).get("cold")
+        used += cold["bytes"] if cold else hot["used_bytes"]
+        capacity += cold["capacity_bytes"] if cold else hot["capacity_bytes"]
+        evicted += hot["evicted_objects"] + (cold["evicted_objects"] if cold else 0)
+        servers += 1
+    return Fill(used, capacity, evicted, servers)
