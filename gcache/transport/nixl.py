@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 _SPIN_S = 1e-3                # how long a waiter polls flat out before sleeping between polls
 _POLL_SLEEP_S = 50e-6
 _PROGRESS_WAIT_US = 1000      # UCX's progress thread: the longest wait for an event, in µs
+MAX_WORKERS = 16              # UCX workers of one agent
 _names = itertools.count()
 
 
@@ -118,7 +119,9 @@ class NixlAgent:
         # One UCX worker per calling thread (NIXL picks a worker per thread, round robin): the
         # threads of one worker take turns on its lock, which halved batch reads over four IO
         # threads (measured: 1.1 GB/s with one worker, 2.7 with four).
-        params = {"num_workers": str(max(1, workers))}
+        # At most MAX_WORKERS: each worker has its own endpoint (on a NIC, its own queue pair)
+        # to every server, and beyond a few threads per core more workers buy nothing.
+        params = {"num_workers": str(min(max(1, workers), MAX_WORKERS))}
         if devices:
             params["ucx_devices"] = ",".join(devices)
         self._agent.create_backend("UCX", params)
