@@ -265,3 +265,34 @@ def test_a_registered_buffer_lives_until_it_is_unregistered(client):
     for _ in range(3):        # fresh buffers, likely at the freed addresses: through the bounce
         out = np.zeros(1 << 20, dtype=np.uint8)
         assert client.get_into(k, out) == 1 << 20 and out.tobytes() == data(1 << 20, 7)
+
+
+def test_pinned_staging_buffers_are_registered_while_the_pool_holds_them(cluster_factory):
+    # What the vLLM connector's staging does on a GPU host (pin=True there): every buffer the
+    # pool makes is registered with the client, so NIXL moves from and to it directly; one the
+    # pool drops to make room is unregistered.
+    # Here, not in a module of its own: UCX lists interfaces at a process's first agent, and
+    # this module's network namespaces must exist by then.
+    torch = pytest.importorskip("torch")
+    from gcache.transport.pinned import PinnedPool
+
+    cluster = cluster_factory(1, server_args=("--nixl",))
+    with Client(cluster.addresses, transport="nixl", timeout_s=5.0) as client:
+        pool = PinnedPool(pin=False, cap_bytes=4 << 20, on_new=client.register_buffer,
+                          on_drop=client.unregister_buffer)
+        value = torch.randint(0, 255, (1 << 20,), dtype=torch.uint8)
+        assert client.put("warm", value)                     # the agent exists from here
+        before = client.stats()["nixl_regions"]
+        staged = pool.take(1 << 20)
+        staged.copy_(value)
+        assert client.stats()["nixl_regions"] == before + 1
+        assert client.put("staged", staged)
+        landing = pool.take(1 << 20)
+        assert client.get_into("staged", landing) == 1 << 20 and torch.equal(landing, value)
+        assert client.stats()["nixl_regions"] == before + 2
+        pool.give(staged)
+        pool.give(landing)
+        big = pool.take(3 << 20)          # a 4 MiB buffer: under the cap only if both go
+        assert client.stats()["nixl_regions"] == before + 1   # two dropped, one made
+        assert client.get_into("staged", big[:1 << 20]) == 1 << 20
+        assert client.stats()["misses_by_reason"] == {}
