@@ -182,6 +182,10 @@ class KVStore:
                                  "holds its probe")
         plan = plan or self.plan_save(token_ids, probe=probe)
         probe, tails = plan.probe, plan.tails
+        if len(token_ids) // self.layout.page_size != probe.n_pages:
+            raise InvalidRequest(f"the plan (or probe) is of {probe.n_pages} pages, the tokens "
+                                 f"make {len(token_ids) // self.layout.page_size}: plan each "
+                                 "sequence's save from its own tokens")
         wanted = self._layers(layers)
         keys: list[str] = []
         values: list[memoryview] = []

@@ -3,6 +3,7 @@ the pinned host staging that copies between a GPU and host memory go through (``
 the SDK's own for CUDA tensors on TCP links, and an engine connector's)."""
 
 from gcache.sdk.client import Client
+from gcache.sdk.fill import Fill
 from gcache.transport.pinned import DONE, PinnedPool, PoolExhausted
 
 __all__ = ["Client", "DONE", "Fill", "PinnedPool", "PoolExhausted"]

@@ -216,3 +216,5 @@ def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_c
         with pytest.raises(InvalidRequest, match="plan= or probe="):
             store.save(tokens, LayerArrays(layout, src), plan=plan,
                        probe=store.probe(tokens))
+        with pytest.raises(InvalidRequest, match="its own tokens"):
+            store.save(tokens[:5 * 64], LayerArrays(layout, src), plan=plan)
