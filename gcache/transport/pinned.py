@@ -77,8 +77,11 @@ class PinnedPool:
                                 f"cap is {self.cap_bytes} bytes")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            dropped: list[Any] = []
             with self._lock:
-                buffer, reserved = self._reuse_or_reserve(size)
+                buffer, reserved = self._reuse_or_reserve(size, dropped)
+            for gone in dropped:            # outside the lock: a deregistration can be slow
+                _run_hook(self._on_drop, gone, "on_drop")
             if buffer is not None:
                 return buffer[:n_bytes]
             if reserved:
@@ -98,19 +101,18 @@ class PinnedPool:
         _run_hook(self._on_new, buffer, "on_new")
         return buffer[:n_bytes]
 
-    def _reuse_or_reserve(self, size: int) -> tuple[Any, bool]:
+    def _reuse_or_reserve(self, size: int, dropped: list[Any]) -> tuple[Any, bool]:
         """(a free buffer of ``size``, False), or (None, whether ``size`` bytes were reserved
-        under the cap for a new one, dropping free buffers of other classes if need be).
-        Called with the lock held."""
+        under the cap for a new one, dropping free buffers of other classes if need be: they
+        go to ``dropped``). Called with the lock held."""
         self._reclaim()
         free = self._free.get(size)
         if free:
             return free.pop(), False
         for other, buffers in self._free.items():
             while buffers and self.allocated_bytes + size > self.cap_bytes:
-                dropped = buffers.pop()     # torch's host allocator keeps it for later pins
+                dropped.append(buffers.pop())   # torch's allocator keeps it for later pins
                 self.allocated_bytes -= other
-                _run_hook(self._on_drop, dropped, "on_drop")
         if self.allocated_bytes + size > self.cap_bytes:
             return None, False
         self.allocated_bytes += size
