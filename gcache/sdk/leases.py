@@ -1,7 +1,7 @@
 """The frames of the exchanges where the client moves a value's bytes itself (shared memory,
-NIXL): LEASE / BATCH_LEASE and RELEASE around a read, ALLOC and COMMIT around a write, on the
-link's control connection; and ``LeasedExchange``, those exchanges' common part. Only the
-bytes' path (``copy_out`` / ``copy_in``) differs between those transports; the frames and
+NIXL): LEASE / BATCH_LEASE and RELEASE around a read, ALLOC, in-place WRITE notices and
+COMMIT around a write, on the link's control connection; and ``LeasedExchange``, those
+exchanges' common part. Only the bytes' path (``copy_out`` / ``copy_in``) differs between those transports; the frames and
 their rules do not.
 
 Batches lease with one request per server and allocate and commit with a bounded pipeline of
@@ -20,8 +20,8 @@ from typing import Any
 
 from gcache.buffer import nbytes
 from gcache.errors import IOTimeout, ProtocolError
-from gcache.frame import FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys, \
-    raise_for_status
+from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
+                          encode_keys, raise_for_status)
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
 
 PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
@@ -89,6 +89,14 @@ def release(ch: Channel, handles: Sequence[int]) -> None:
     elif handles:
         payload = b"".join(HANDLE.pack(h) for h in handles)
         ch.request(Op.RELEASE, payload=(payload,), count=len(handles), flags=FLAG_NO_REPLY)
+
+
+def written(ch: Channel, handle: int, offset: int, length: int) -> None:
+    """Tell the server (no reply) that ``length`` bytes at ``offset`` of an allocated extent
+    have landed, so it hashes them while the rest is written and COMMIT finds its hash nearly
+    done instead of re-reading the whole value."""
+    ch.request(Op.WRITE, handle=handle, offset=offset, length=length,
+               flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
 
 
 def alloc(ch: Channel, key: bytes, size: int, *, group: int,

@@ -20,7 +20,7 @@ import numpy as np
 
 from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ProtocolError
-from gcache.frame import FLAG_IN_PLACE, FLAG_NO_REPLY, Op, Status
+from gcache.frame import Status
 from gcache.keys import checksum_stream
 from gcache.sdk import leases
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
@@ -46,19 +46,20 @@ class NixlExchange(LeasedExchange):
 
     def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
         remote = self._remote_of(extent)
-        if is_cuda_tensor(out) and self._registered(out, extent.length) is None:
+        if not is_cuda_tensor(out):
+            return self._read_host(remote, extent, out, verify)
+        region = self._registered(out, extent.length)
+        if region is None:
             with TcpStaged(self._staging) as staged:            # unregistered GPU memory
                 host = staged.target(out)
                 ok = self._read_host(remote, extent, host, verify)
                 staged.land(host, ReadResult(host, extent.length, ok))
                 return ok
-        if is_cuda_tensor(out):
-            self._move("READ", self._registered(out, extent.length), remote, extent.length)
-            if not verify:
-                return True
-            from gcache.transport.cuda import cuda_digest
-            return cuda_digest(out, extent.length) == extent.checksum
-        return self._read_host(remote, extent, out, verify)
+        self._move("READ", region, remote, extent.length)
+        if not verify:
+            return True
+        from gcache.transport.cuda import cuda_digest
+        return cuda_digest(out, extent.length) == extent.checksum
 
     def copy_in(self, extent: Extent, value: Any) -> int:
         remote = self._remote_of(extent)
@@ -84,8 +85,7 @@ class NixlExchange(LeasedExchange):
             return extent
 
         def landed(start: int, size: int) -> None:
-            ch.request(Op.WRITE, handle=extent.handle, offset=start, length=size,
-                       flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
+            leases.written(ch, extent.handle, start, size)
 
         if is_cuda_tensor(value):
             digest = self.copy_in(extent, value)

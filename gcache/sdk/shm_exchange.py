@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from gcache.buffer import is_cuda_tensor, nbytes
-from gcache.frame import FLAG_IN_PLACE, FLAG_NO_REPLY, Op, Status
+from gcache.frame import Status
 from gcache.keys import checksum_stream
 from gcache.sdk import leases
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
@@ -43,14 +43,14 @@ class ShmExchange(LeasedExchange):
             return extent
         if is_cuda_tensor(value):
             digest = self.copy_in(extent, value)
-            _notify_written(ch, extent.handle, 0, extent.length)
+            leases.written(ch, extent.handle, 0, extent.length)
         else:
             hasher = checksum_stream()
             for start in range(0, extent.length, COPY_CHUNK):
                 check_window(extent)
                 piece = value[start:start + COPY_CHUNK]
                 self.mapping.write_from(extent.offset + start, piece, hasher)
-                _notify_written(ch, extent.handle, start, len(piece))
+                leases.written(ch, extent.handle, start, len(piece))
             digest = hasher.intdigest()
         return leases.commit(ch, extent.handle, digest)
 
@@ -77,7 +77,3 @@ class ShmExchange(LeasedExchange):
                                     hasher)
         return hasher.intdigest()
 
-
-def _notify_written(ch: Channel, handle: int, offset: int, length: int) -> None:
-    ch.request(Op.WRITE, handle=handle, offset=offset, length=length,
-               flags=FLAG_IN_PLACE | FLAG_NO_REPLY)

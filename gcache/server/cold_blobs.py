@@ -103,10 +103,10 @@ class BlobColdStore:
         if raw is None:
             return False
         number, length, _, _ = META.unpack(raw)
-        for k in (b"m" + key, b"v" + key, b"o" + ORDER.pack(number)):
+        self._db.delete(b"m" + key)           # first: no entry ever names a missing value
+        self._objects -= 1
+        for k in (b"v" + key, b"o" + ORDER.pack(number)):
             self._db.delete(k)
-            if k[:1] == b"m":
-                self._objects -= 1
         self._bytes -= length
         return True
 
