@@ -2,7 +2,10 @@
 a veth pair whose other end is on a bridge in the test's own namespace, so that processes in them
 talk over a real interface with an address of its own (``198.18.X.i/24``, the benchmarking range
 that no real network routes; the test process is ``.254``) instead of loopback. It removes
-exactly what it created, by name, on exit. Needs root and ``ip``; ``available()`` says whether
+exactly what it created, by name, on exit. ``cut(i)`` drops every frame to and from host ``i``
+(a ``clsact`` qdisc with a direct-action classic-BPF filter that drops all: this kernel has
+neither ``netem`` nor the ``drop`` action module) and ``heal(i)`` lifts it; ``limit(i, rate)`` caps what host ``i`` sends and receives
+with ``tbf``. Needs root and ``ip`` (and ``tc`` for those three); ``available()`` says whether
 this machine can (the tests skip with the reason if not). Names and subnets derive from one tag
 claimed at creation: a name another run holds is skipped, never removed."""
 
@@ -37,8 +40,18 @@ def available() -> str | None:
                        capture_output=True, timeout=30)
 
 
+# classic BPF "ret #2" in direct-action mode: TC_ACT_SHOT for every frame (no act_gact needed)
+_DROP_ALL = "1,6 0 0 2"
+
+
 def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+def _tc(*args: str, netns: str | None = None) -> subprocess.CompletedProcess:
+    where = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run([*where, "tc", *args], check=True, capture_output=True, text=True,
+                          timeout=30)
 
 
 class NetworkHosts:
@@ -90,6 +103,25 @@ class NetworkHosts:
         for undo in reversed(self._created):      # a veth already gone with its namespace fails
             subprocess.run(["ip", *undo], capture_output=True, timeout=30)
         self._created = []
+
+    def cut(self, index: int) -> None:
+        """Drop every frame host ``index`` sends or would receive, at once, until ``heal``."""
+        veth = self._veths[index]
+        _tc("qdisc", "add", "dev", veth, "clsact")
+        for direction in ("ingress", "egress"):
+            _tc("filter", "add", "dev", veth, direction, "bpf", "da", "bytecode", _DROP_ALL)
+
+    def heal(self, index: int) -> None:
+        subprocess.run(["tc", "qdisc", "del", "dev", self._veths[index], "clsact"],
+                       capture_output=True, timeout=30)
+
+    def limit(self, index: int, rate: str) -> None:
+        """Cap host ``index``'s traffic both ways at ``rate`` (tc's units: "40mbit"). Gone with
+        the namespace and the veth on exit."""
+        veth = self._veths[index]
+        for netns, dev in ((None, veth), (self.names[index], f"{veth}p")):
+            _tc("qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kb",
+                "latency", "500ms", netns=netns)
 
     def hosts(self) -> list[tuple[str, str]]:
         """(namespace, address) per host: ``LocalCluster(hosts=...)``."""

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 class DataServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.listener = TcpListener(config.listen, io_size=config.io_size)
+        self.listener = TcpListener(config.listen, io_size=config.io_size,
+                                    unacknowledged_s=config.io_timeout_s)
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"

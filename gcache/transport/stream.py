@@ -5,7 +5,9 @@ arena) and received with ``recv_into`` straight into the destination, one ``io_s
 IO. Header, key and value go out as one gathered ``sendmsg``; header and key come in through a
 small read-ahead buffer, because on these machines a syscall costs more than copying a few KiB.
 Timeouts are per IO, so a 64 MiB transfer is not bounded by a 200 ms deadline, but a stalled peer
-is detected within one ``timeout_s``.
+is detected within one ``timeout_s``: a receive waits at most that long for a byte, and a send to
+a peer that stopped acknowledging ends once the kernel gives up on it (``tcp``'s
+TCP_USER_TIMEOUT), however much the local send buffer still takes.
 """
 
 from __future__ import annotations
