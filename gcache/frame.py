@@ -33,6 +33,10 @@ FLAG_NO_REPLY = 0x02
 # WRITE flag: no payload; [offset, offset + length) of the extent was already written in place
 # by a same-host client, and the server may hash it now instead of at COMMIT.
 FLAG_IN_PLACE = 0x04
+# PUT / BATCH_PUT / ALLOC flag: the key names its value (a KV page's key is a hash of what the
+# value was computed from), so no put can give it another value: a server that was out of the
+# map keeps it (``gcache.server.mutable_keys``).
+FLAG_CONTENT_ADDRESSED = 0x08
 
 
 class Op(enum.IntEnum):

@@ -144,8 +144,9 @@ class EnginePages:
             todo = [i for i in todo if not found[i]]
             stored = list(found)
         if todo:
+            # a page's key is the engine's hash of its tokens: content-addressed
             done = self.client.batch_put([keys[i] for i in todo], [views[i] for i in todo],
-                                         group=group)
+                                         group=group, content_addressed=True)
             for i, ok in zip(todo, done):
                 stored[i] = ok
         return [all(stored[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]

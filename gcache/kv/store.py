@@ -235,8 +235,10 @@ class KVStore:
     def _put(self, keys: list[str], values: list[memoryview], group: str | None) -> list[bool]:
         ok: list[bool] = []
         for i in range(0, len(keys), self.max_batch_keys):
+            # page keys name the model and the tokens the KV was computed from
             ok += self.client.batch_put(keys[i:i + self.max_batch_keys],
-                                        values[i:i + self.max_batch_keys], group=group)
+                                        values[i:i + self.max_batch_keys], group=group,
+                                        content_addressed=True)
         return ok
 
     def _pressure(self) -> Pressure:

@@ -40,21 +40,21 @@ Held = tuple[Link, list[int], list[Any]]
 
 
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None, *,
-              chunk: int = PUT_CHUNK_KEYS) -> list[bool]:
+              chunk: int = PUT_CHUNK_KEYS, flags: int = 0) -> list[bool]:
     """Store ``keys``, ``chunk`` at a time. Over shared memory or NIXL a value must be copied
     within the write window (half the server's lease TTL) counted from its ALLOC: one phase
     of thousands of ALLOCs before the first copy let the window of the first ones pass (a
     3000-key batch under a 1 s TTL on a busy machine). Values whose window passed all the
     same (a machine busy enough) are put once more, in chunks an eighth the size."""
     if len(keys) <= chunk:
-        return _batch_put(d, keys, values, group, chunk)
+        return _batch_put(d, keys, values, group, chunk, flags)
     return [ok for start in range(0, len(keys), chunk)
             for ok in _batch_put(d, keys[start:start + chunk], values[start:start + chunk],
-                                 group, chunk)]
+                                 group, chunk, flags)]
 
 
 def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None,
-               chunk: int) -> list[bool]:
+               chunk: int, flags: int) -> list[bool]:
     results = [False] * len(keys)
     placement = group_hash(group)
 
@@ -64,7 +64,8 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes
         if isinstance(link, Miss):
             return None
         items = _started(d, link, len(idx), lambda ch: link.exchange.start_writes(
-            ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement))
+            ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement,
+            flags=flags))
         if isinstance(items, Miss):
             return None
         if not any(isinstance(item, Extent) for item in items):
@@ -98,7 +99,7 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes
     d.parallel([lambda h=h: commit(*h) for h in held])
     if late:
         again = batch_put(d, [keys[i] for i in late], [values[i] for i in late], group,
-                          chunk=chunk // 8)
+                          chunk=chunk // 8, flags=flags)
         for i, ok in zip(late, again):
             results[i] = ok
     return results

@@ -24,6 +24,7 @@ from typing import Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
+from gcache.frame import FLAG_CONTENT_ADDRESSED
 from gcache.keys import group_hash, validate_key
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
@@ -118,20 +119,31 @@ class Client:
 
     # ---- single-key operations ----------------------------------------------------------------
 
-    def put(self, key: Any, value: Any, *, group: Any = None) -> bool:
-        """Store ``value`` under ``key``; False when it could not be stored (counted)."""
-        return self._put(validate_key(key), self._value(value), self._group(group))
+    def put(self, key: Any, value: Any, *, group: Any = None,
+            content_addressed: bool = False) -> bool:
+        """Store ``value`` under ``key``; False when it could not be stored (counted).
 
-    def put_async(self, key: Any, value: Any, *, group: Any = None) -> Future[bool]:
+        ``content_addressed``: the key names this value (a hash of it, or of what it was
+        computed from, as KV pages' keys are), so no put will ever give the key another
+        value. A server that was out of the map keeps such keys when it returns; every
+        other key it held is a miss from then on, since a newer put may have gone elsewhere.
+        """
+        return self._put(validate_key(key), self._value(value), self._group(group),
+                         _flags(content_addressed))
+
+    def put_async(self, key: Any, value: Any, *, group: Any = None,
+                  content_addressed: bool = False) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
-        return self._d.submit(self._put, raw, view, self._group(group))
+        return self._d.submit(self._put, raw, view, self._group(group),
+                              _flags(content_addressed))
 
-    def _put(self, key: bytes, value: Any, group: bytes | None) -> bool:
+    def _put(self, key: bytes, value: Any, group: bytes | None, flags: int) -> bool:
         self._stats.request("put")
 
         placement = group_hash(group)
         status = batch.call_staged(self._d, self._d.owner(key, group),
-                                   lambda x, ch: x.write(ch, key, value, group=placement))
+                                   lambda x, ch: x.write(ch, key, value, group=placement,
+                                                         flags=flags))
         return put_outcome(self._stats, status, nbytes(value))
 
     def get(self, key: Any, *, group: Any = None) -> bytes | None:
@@ -173,12 +185,13 @@ class Client:
     # ---- batches: one request per server, servers in parallel ----------------------------------
 
     def batch_put(self, keys: Sequence[Any], values: Sequence[Any], *,
-                  group: Any = None) -> list[bool]:
+                  group: Any = None, content_addressed: bool = False) -> list[bool]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(values):
             raise ValueError(f"batch_put got {len(raw)} keys and {len(values)} values")
         views = [self._value(v, f"values[{i}]") for i, v in enumerate(values)]
-        return batch.batch_put(self._d, raw, views, self._group(group))
+        return batch.batch_put(self._d, raw, views, self._group(group),
+                               flags=_flags(content_addressed))
 
     def batch_get(self, keys: Sequence[Any], *, group: Any = None) -> list[bytes | None]:
         return batch.batch_read(self._d, [validate_key(k) for k in keys], None,
@@ -251,6 +264,10 @@ class Client:
         """Each server's STAT (None for a server that did not answer)."""
         futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self._d.addresses()}
         return {a: (None if f.result() is MISS else f.result()) for a, f in futures.items()}
+
+
+def _flags(content_addressed: bool) -> int:
+    return FLAG_CONTENT_ADDRESSED if content_addressed else 0
 
 
 def sum_tiers(stats: Any) -> dict[str, dict[str, int]]:

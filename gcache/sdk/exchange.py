@@ -37,8 +37,10 @@ class Exchange(Protocol):
         buffer). None when absent, NO_SPACE when on disk with no room to bring it up now;
         InvalidRequest for an ``out`` smaller than the value."""
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
-        """One value; OK, NO_SPACE or CHECKSUM_MISMATCH."""
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+              flags: int = 0) -> Status:
+        """One value (``flags``: the put's, ``FLAG_CONTENT_ADDRESSED``); OK, NO_SPACE or
+        CHECKSUM_MISMATCH."""
 
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
                     verify: bool) -> list[ReadItem]:
@@ -51,7 +53,7 @@ class Exchange(Protocol):
         """Let go of the leases ``start_reads`` took (no reply awaited)."""
 
     def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
-                     group: int) -> list[WriteItem]:
+                     group: int, flags: int = 0) -> list[WriteItem]:
         """A batch write's first phase: per key a final status, or an Extent for ``copy_in``."""
 
     def copy_in(self, extent: Extent, value: Any) -> int:

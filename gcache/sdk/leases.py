@@ -1,8 +1,8 @@
 """The frames of the exchanges where the client moves a value's bytes itself (shared memory,
 NIXL): LEASE / BATCH_LEASE and RELEASE around a read, ALLOC, in-place WRITE notices and
 COMMIT around a write, on the link's control connection; and ``LeasedExchange``, those
-exchanges' common part. Only the bytes' path (``copy_out`` / ``copy_in``) differs between those transports; the frames and
-their rules do not.
+exchanges' common part. Only the bytes' path (``copy_out`` / ``copy_in``) differs between
+those transports; the frames and their rules do not.
 
 Batches lease with one request per server and allocate and commit with a bounded pipeline of
 requests. RELEASE never waits for a reply: it costs a send, not a round trip.
@@ -99,11 +99,11 @@ def written(ch: Channel, handle: int, offset: int, length: int) -> None:
                flags=FLAG_IN_PLACE | FLAG_NO_REPLY)
 
 
-def alloc(ch: Channel, key: bytes, size: int, *, group: int,
-          window_s: float) -> Extent | Status:
-    """One ALLOC: the extent to write, or NO_SPACE."""
+def alloc(ch: Channel, key: bytes, size: int, *, group: int, window_s: float,
+          flags: int = 0) -> Extent | Status:
+    """One ALLOC (``flags``: the put's); the extent to write, or NO_SPACE."""
     asked_s = time.monotonic()
-    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group))
+    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group, flags=flags))
     raise_for_status_except_space(reply, "ALLOC")
     if reply.status != Status.OK:
         return reply.status
@@ -111,12 +111,13 @@ def alloc(ch: Channel, key: bytes, size: int, *, group: int,
 
 
 def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, group: int,
-               window_s: float) -> list[Extent | Status]:
+               window_s: float, flags: int = 0) -> list[Extent | Status]:
     """Pipelined ALLOCs; NO_SPACE where the server had no room."""
     extents: list[Extent | Status] = []
     write_by_s = time.monotonic() + window_s
-    for n, reply in enumerate(_pipelined(ch, [dict(key=k, length=size, handle=group)
-                                              for k, size in zip(keys, sizes)], Op.ALLOC)):
+    requests = [dict(key=k, length=size, handle=group, flags=flags)
+                for k, size in zip(keys, sizes)]
+    for n, reply in enumerate(_pipelined(ch, requests, Op.ALLOC)):
         raise_for_status_except_space(reply, "ALLOC")
         extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], write_by_s)
                        if reply.status == Status.OK else Status.NO_SPACE)
@@ -190,9 +191,11 @@ class LeasedExchange(ABC):
             release(ch, [extent.handle])
         return ReadResult(target, extent.length, ok)
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+              flags: int = 0) -> Status:
         """ALLOC, copy, COMMIT (the server hashes the arena bytes and compares)."""
-        extent = alloc(ch, key, nbytes(value), group=group, window_s=self.write_window_s)
+        extent = alloc(ch, key, nbytes(value), group=group, window_s=self.write_window_s,
+                       flags=flags)
         if not isinstance(extent, Extent):
             return extent
         return commit(ch, extent.handle, self.copy_in(extent, value))
@@ -205,8 +208,8 @@ class LeasedExchange(ABC):
         release(ch, handles)
 
     def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
-                     group: int) -> list[Extent | Status]:
-        return alloc_many(ch, keys, [nbytes(v) for v in values], group=group,
+                     group: int, flags: int = 0) -> list[Extent | Status]:
+        return alloc_many(ch, keys, [nbytes(v) for v in values], group=group, flags=flags,
                           window_s=self.write_window_s)
 
     def end_writes(self, ch: Channel, handles: Sequence[int],

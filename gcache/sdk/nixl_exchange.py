@@ -75,12 +75,13 @@ class NixlExchange(LeasedExchange):
             return digest
         return self._write_host(remote, extent, value)
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+              flags: int = 0) -> Status:
         """ALLOC, WRITE, COMMIT; each piece of a registered host value that has landed is
         announced with a no-reply in-place WRITE, so the server hashes it while the next one
         travels and COMMIT finds its hash nearly done."""
         extent = leases.alloc(ch, key, nbytes(value), group=group,
-                              window_s=self.write_window_s)
+                              window_s=self.write_window_s, flags=flags)
         if not isinstance(extent, Extent):
             return extent
 

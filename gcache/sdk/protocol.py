@@ -92,7 +92,8 @@ class Channel:
                                 f"{self.max_value_size}")
 
 
-def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int = 0) -> Status:
+def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int = 0,
+        flags: int = 0) -> Status:
     """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors.
 
     One PUT frame whose checksum trails the value: each ``io_size`` slice is hashed just before
@@ -100,7 +101,7 @@ def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int 
     makes a second pass over the value.
     """
     request = ch.header(Op.PUT, key=key, payload_len=len(value) + TRAILER.size,
-                        flags=FLAG_CHECKSUM_TRAILS, handle=group)
+                        flags=FLAG_CHECKSUM_TRAILS | flags, handle=group)
     hasher = checksum_stream()
     first = value[:io_size]
     hasher.update(first)
@@ -183,11 +184,11 @@ def stat(ch: Channel) -> dict:
 
 
 def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
-              checksums: Sequence[int], *, group: int = 0) -> list[Status]:
+              checksums: Sequence[int], *, group: int = 0, flags: int = 0) -> list[Status]:
     table = b"".join(PUT_ENTRY.pack(len(k), len(v), c)
                      for k, v, c in zip(keys, values, checksums))
     reply = ch.reply(ch.request(Op.BATCH_PUT, payload=(table, b"".join(keys), *values),
-                                count=len(keys), handle=group))
+                                count=len(keys), handle=group, flags=flags))
     raise_for_status(reply, "BATCH_PUT")
     statuses = ch.payload(reply, limit=len(keys))
     if len(statuses) != len(keys):

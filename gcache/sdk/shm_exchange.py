@@ -30,7 +30,8 @@ class ShmExchange(LeasedExchange):
         self.mapping = mapping
         self.write_window_s = mapping.write_window_s
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+              flags: int = 0) -> Status:
         """ALLOC, copy, COMMIT.
 
         After each copied chunk an in-place WRITE notice (no reply) lets the server hash that
@@ -38,7 +39,7 @@ class ShmExchange(LeasedExchange):
         re-reading the whole value.
         """
         extent = leases.alloc(ch, key, nbytes(value), group=group,
-                              window_s=self.write_window_s)
+                              window_s=self.write_window_s, flags=flags)
         if not isinstance(extent, Extent):
             return extent
         if is_cuda_tensor(value):

@@ -30,9 +30,11 @@ class TcpExchange:
             target = staged.target(out)
             return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int) -> Status:
+    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+              flags: int = 0) -> Status:
         with TcpStaged(self._staging) as staged:
-            return protocol.put(ch, key, staged.value(value), io_size=self._io_size, group=group)
+            return protocol.put(ch, key, staged.value(value), io_size=self._io_size, group=group,
+                                flags=flags)
 
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
                     verify: bool) -> list[ReadItem]:
@@ -44,11 +46,11 @@ class TcpExchange:
                 [staged.land(t, r) for t, r in zip(targets, found)]
 
     def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
-                     group: int) -> list[WriteItem]:
+                     group: int, flags: int = 0) -> list[WriteItem]:
         with TcpStaged(self._staging) as staged:
             sent = [staged.value(v, f"values[{i}]") for i, v in enumerate(values)]
             return list(protocol.batch_put(ch, keys, sent, [checksum(v) for v in sent],
-                                           group=group))
+                                           group=group, flags=flags))
 
     # TCP returns no extents, so a batch never gets here; a call would be a bug of ours.
     def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:

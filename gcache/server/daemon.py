@@ -24,6 +24,7 @@ from gcache.errors import TransportError
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
 from gcache.server.membership import Membership, load_or_create_id
+from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier import HotTier
 from gcache.server.tiered import TieredStore
 from gcache.transport.stream import StreamConnection
@@ -66,6 +67,7 @@ class DataServer:
         self._started_s = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._handoff: Handoff | None = None
+        self.mutable = MutableKeys(None, self.tier.delete)
         self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
@@ -86,18 +88,25 @@ class DataServer:
         places = [os.path.join(d, f"{shm_name}.id") for d in (self.config.disk_dir, "/dev/shm")
                   if d]
         server_id = load_or_create_id(places)
+        self.mutable = MutableKeys(places[0].removesuffix(".id") + ".mutable", self.tier.delete)
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
                            host_id=host_id(), capacity_bytes=self.config.memory)
         link = MasterLink(self.config.master, token=self.config.token)
         return Membership(link, record, interval_s=self.config.heartbeat_interval_s,
-                          on_state=self._membership_changed)
+                          on_state=self._membership_changed, on_answer=self._master_answered)
+
+    def _master_answered(self, epoch: int, state: str) -> None:
+        if state in ("alive", "suspect"):
+            self.mutable.in_map(epoch)
+        else:
+            self.mutable.out_of_map(state)
 
     def _membership_changed(self, state: str) -> None:
         """A drain starts the handoff once; having left, the server stops (exit code 0)."""
         if state == "draining" and self._handoff is None:
             link = MasterLink(self.config.master, token=self.config.token)
             self._handoff = Handoff(self.tier, link, self.membership.record.id, self.config,
-                                    on_left=self.stop.set)
+                                    on_left=self.stop.set, mutable=self.mutable)
             self._handoff.start()
 
     def _accept_loop(self, listener: TcpListener | UnixListener, arena_fd: int | None) -> None:
@@ -114,7 +123,7 @@ class DataServer:
             handler = ConnectionHandler(conn, self.tier, self.config,
                                         stat_extra=self._stat_extra,
                                         is_stopping=self.stop.is_set, hello=self.hello,
-                                        arena_fd=arena_fd)
+                                        arena_fd=arena_fd, mutable=self.mutable)
             with self._lock:
                 waiting = [(h.opened_s, c) for c, (_, h) in self._conns.items()
                            if not h.authenticated]
@@ -174,6 +183,7 @@ class DataServer:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._nixl is not None:
             self._nixl.close()              # deregistered before the arena is unmapped
+        self.mutable.close()
         self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches
 
 

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from gcache.config import ServerConfig
 from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
                            TransportError)
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, FLAG_NO_REPLY, GET_ENTRY, HANDLE,
-                          HEADER_SIZE,
-                          LEASE_ENTRY, PUT_ENTRY, TRAILER, Header, Op, Status, auth_proof,
-                          decode_keys, unpack_header)
+from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_CONTENT_ADDRESSED, FLAG_IN_PLACE,
+                          FLAG_NO_REPLY, GET_ENTRY, HANDLE, HEADER_SIZE, LEASE_ENTRY, PUT_ENTRY,
+                          TRAILER, Header, Op, Status, auth_proof, decode_keys, unpack_header)
 from gcache.keys import MAX_KEY_BYTES
+from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request
 from gcache.server.tier import Entry, HotTier
 from gcache.transport.stream import StreamConnection
@@ -45,8 +45,9 @@ class ConnectionHandler:
 
     def __init__(self, conn: StreamConnection, tier: HotTier, config: ServerConfig, *,
                  stat_extra: Callable[[], dict], is_stopping: Callable[[], bool],
-                 hello: dict, arena_fd: int | None) -> None:
+                 hello: dict, arena_fd: int | None, mutable: MutableKeys | None = None) -> None:
         self.conn = conn
+        self.mutable = mutable or MutableKeys(None, tier.delete)
         self._is_stopping = is_stopping
         self._hello = json.dumps(hello).encode()
         self._arena_fd = arena_fd           # set on Unix connections: HELLO passes the arena
@@ -152,13 +153,15 @@ class ConnectionHandler:
                                 deadline_s=deadline_s)
             n_bytes -= chunk
 
-    def _recv_value(self, key: bytes, length: int, expected: int | None, group: int) -> Status:
+    def _recv_value(self, key: bytes, length: int, expected: int | None, group: int,
+                    flags: int) -> Status:
         """Receive a value into a fresh extent and commit it; the status for the reply.
 
         ``expected`` None means the checksum trails the value on the wire. ``group``: the
         request's ``handle`` field, the placement-group hash (0: none), kept for a drain.
         """
         trailer = TRAILER.size if expected is None else 0
+        self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED))
         try:
             handle, _, target = self.tier.alloc(key, length, expires=False, group=group)
         except NoSpace as exc:
@@ -200,14 +203,18 @@ class ConnectionHandler:
 
     def _put(self, h: Header, key: bytes) -> None:
         if not h.flags & FLAG_CHECKSUM_TRAILS:
-            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.handle))
+            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.handle, h.flags))
             return
-        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.handle))
+        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.handle,
+                                        h.flags))
 
     def _lease_or_status(self, key: bytes, *,
                          expires: bool) -> tuple[int, Entry, memoryview] | Status:
         """A lease of ``key``, or the status a reader gets instead: NOT_FOUND when it is in no
-        tier, NO_SPACE when it is on disk and memory has no room to promote it now."""
+        tier or this server hides it (it may be older than a put elsewhere: ``mutable_keys``),
+        NO_SPACE when it is on disk and memory has no room to promote it now."""
+        if self.mutable.hidden(key):
+            return Status.NOT_FOUND
         try:
             leased = self.tier.lease(key, expires=expires)
         except NoSpace:
@@ -231,6 +238,7 @@ class ConnectionHandler:
         if h.length == 0 or h.length > self.config.max_value_size:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
+        self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED))
         try:
             handle, offset, target = self.tier.alloc(key, h.length, group=h.handle)
         except NoSpace:
@@ -326,7 +334,8 @@ class ConnectionHandler:
 
     def _exists(self, h: Header, key: bytes) -> None:
         keys = self._read_keys(h)
-        present = bytes(1 if self.tier.exists(k) else 0 for k in keys)
+        present = bytes(1 if self.tier.exists(k) and not self.mutable.hidden(k) else 0
+                        for k in keys)
         self._reply(h, Status.OK, payload=(present,), count=len(keys))
 
     def _delete(self, h: Header, key: bytes) -> None:
@@ -367,7 +376,7 @@ class ConnectionHandler:
         for key_len, length, expected in entries:
             entry_key = bytes(keys_blob[pos:pos + key_len])
             pos += key_len
-            statuses.append(self._recv_value(entry_key, length, expected, h.handle))
+            statuses.append(self._recv_value(entry_key, length, expected, h.handle, h.flags))
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
 
     def _hello_reply(self, h: Header, key: bytes) -> None:

@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, NoSpace, Unavailable
-from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
+from gcache.frame import FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status, unpack_header
 from gcache.proto import master_pb2 as pb
 from gcache.ring import Ring
+from gcache.server.mutable_keys import MutableKeys
 from gcache.transport.handshake import handshake
 from gcache.transport.master_rpc import IN_MAP, MasterLink
 from gcache.transport.stream import StreamConnection
@@ -34,10 +35,10 @@ LEAVE_ATTEMPTS = 10
 
 class Handoff(threading.Thread):
     def __init__(self, tier: Any, link: MasterLink, server_id: str, config: ServerConfig, *,
-                 on_left: Callable[[], None]) -> None:
+                 on_left: Callable[[], None], mutable: MutableKeys) -> None:
         super().__init__(name="gcache-handoff", daemon=True)
         self.tier, self.link, self.server_id, self.config = tier, link, server_id, config
-        self.on_left = on_left
+        self.on_left, self.mutable = on_left, mutable
         self.moved = self.failed = 0
         self._conns: dict[str, StreamConnection] = {}
 
@@ -93,8 +94,11 @@ class Handoff(threading.Thread):
         handle, entry, view = leased
         try:
             conn = self._conn(address)
+            # put as it was put here: a key put as mutable stays so on its new owner
+            flags = 0 if self.mutable.is_mutable(key) else FLAG_CONTENT_ADDRESSED
             header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
-                            payload_len=len(view), handle=group, checksum=entry.checksum)
+                            payload_len=len(view), handle=group, checksum=entry.checksum,
+                            flags=flags)
             conn.send((header.pack(), key, view), timeout_s=IO_TIMEOUT_S)
             reply = unpack_header(conn.recv_exact(HEADER_SIZE, timeout_s=IO_TIMEOUT_S),
                                   max_payload=0)

@@ -47,10 +47,13 @@ def load_or_create_id(paths: list[str]) -> str:
 
 class Membership(threading.Thread):
     def __init__(self, link: MasterLink, record: pb.Server, *, interval_s: float,
-                 on_state: Callable[[str], None] | None = None) -> None:
+                 on_state: Callable[[str], None] | None = None,
+                 on_answer: Callable[[int, str], None] | None = None) -> None:
+        """``on_state(state)`` on each change of this server's state; ``on_answer(epoch,
+        state)`` on every answer of a master (a registration is "alive")."""
         super().__init__(name="gcache-membership", daemon=True)
         self.link, self.record, self.interval_s = link, record, interval_s
-        self.on_state = on_state
+        self.on_state, self.on_answer = on_state, on_answer
         self.state = "unregistered"
         self._halt = threading.Event()
 
@@ -67,9 +70,9 @@ class Membership(threading.Thread):
                     reply = self.link.call("Register", pb.RegisterRequest(server=self.record))
                     log.info("membership.registered id=%s epoch=%d", self.record.id, reply.epoch)
                     registered = True
-                    self._set_state("alive")
+                    self._answered(reply.epoch, "alive")
                 reply = self.link.call("Heartbeat", pb.HeartbeatRequest(id=self.record.id))
-                self._set_state(STATE_NAMES.get(reply.state, "alive"))
+                self._answered(reply.epoch, STATE_NAMES.get(reply.state, "alive"))
             except Unavailable as exc:
                 log.warning("membership.no_master error=%s", exc)
             except MasterError as exc:
@@ -78,6 +81,11 @@ class Membership(threading.Thread):
             except Exception:      # the thread's top level: log, keep beating
                 log.exception("membership.failed")
             self._halt.wait(self.interval_s)
+
+    def _answered(self, epoch: int, state: str) -> None:
+        if self.on_answer is not None:
+            self.on_answer(epoch, state)
+        self._set_state(state)
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
