@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from gcache.config import ServerConfig
-from gcache.errors import TransportError
+from gcache.errors import GCacheError, TransportError
+from gcache.server.cluster_ring import fetch_map, ring_of
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
 from gcache.server.membership import Membership, load_or_create_id
@@ -68,6 +69,8 @@ class DataServer:
         self._threads: list[threading.Thread] = []
         self._handoff: Handoff | None = None
         self.mutable = MutableKeys(None, self.tier.delete)
+        self._map_epoch = -1
+        self._disowning = threading.Lock()
         self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
@@ -96,10 +99,28 @@ class DataServer:
                           on_state=self._membership_changed, on_answer=self._master_answered)
 
     def _master_answered(self, epoch: int, state: str) -> None:
-        if state in ("alive", "suspect"):
-            self.mutable.in_map(epoch)
-        else:
+        if state not in ("alive", "suspect"):
             self.mutable.out_of_map(state)
+            return
+        self.mutable.in_map(epoch)
+        if epoch != self._map_epoch:
+            self._map_epoch = epoch
+            if self.mutable.count():
+                threading.Thread(target=self._drop_disowned, name="gcache-disowned",
+                                 daemon=True).start()
+
+    def _drop_disowned(self) -> None:
+        """After a map change: delete the mutable keys another server owns now (a key put
+        there next would be newer than ours, and could come back to us: ``mutable_keys``)."""
+        with self._disowning:                 # one pass at a time; a later change runs next
+            try:
+                ring, _ = ring_of(fetch_map(self.config))
+            except GCacheError as exc:
+                log.warning("mutable_keys.no_map error=%s", exc)
+                return
+            me, width = self.membership.record.id, self.config.group_width
+            self.mutable.drop_unless(
+                lambda key, group: ring.owner_by_hash(key, group, group_width=width) == me)
 
     def _membership_changed(self, state: str) -> None:
         """A drain starts the handoff once; having left, the server stops (exit code 0)."""

@@ -161,7 +161,8 @@ class ConnectionHandler:
         request's ``handle`` field, the placement-group hash (0: none), kept for a drain.
         """
         trailer = TRAILER.size if expected is None else 0
-        self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED))
+        self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED),
+                             group=group)
         try:
             handle, _, target = self.tier.alloc(key, length, expires=False, group=group)
         except NoSpace as exc:
@@ -238,7 +239,8 @@ class ConnectionHandler:
         if h.length == 0 or h.length > self.config.max_value_size:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
-        self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED))
+        self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED),
+                             group=h.handle)
         try:
             handle, offset, target = self.tier.alloc(key, h.length, group=h.handle)
         except NoSpace:

@@ -18,12 +18,14 @@ from typing import Any, Callable
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, NoSpace, Unavailable
-from gcache.frame import FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status, unpack_header
+from gcache.frame import (FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status,
+                          unpack_header)
 from gcache.proto import master_pb2 as pb
 from gcache.ring import Ring
+from gcache.server.cluster_ring import ring_of
 from gcache.server.mutable_keys import MutableKeys
 from gcache.transport.handshake import handshake
-from gcache.transport.master_rpc import IN_MAP, MasterLink
+from gcache.transport.master_rpc import MasterLink
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
 
@@ -78,9 +80,7 @@ class Handoff(threading.Thread):
 
     def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())
-        live = [s.id for s in reply.servers if s.state in IN_MAP and s.id != self.server_id]
-        ring = Ring({s.id: float(s.capacity_bytes) for s in reply.servers}, live=live)
-        return ring, {s.id: s.address for s in reply.servers}
+        return ring_of(reply, without=self.server_id)
 
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
         try:

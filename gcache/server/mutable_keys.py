@@ -17,10 +17,15 @@ whatever the server kept is still right. Any other key may have been put again e
 An unrelated map change during a restart (another server joining) therefore costs the mutable
 keys too: a miss, never a stale value. Content-addressed keys pay nothing but a flag.
 
-The mutable keys and the last epoch seen in the map are kept beside the server's id (on the disk
-with a cold tier, else in /dev/shm beside the arena), so they live exactly as long as the
-values: an append-only log of keys, written before the put is acknowledged, rewritten after a
-purge. Without masters no map can move a key, and nothing is kept or hidden.
+A server that stays in the map also loses keys, to a server that joins or returns; a mutable
+key it no longer owns could be put again on its new owner and come back to this server later
+(that owner dies) older than that put. ``drop_unless`` deletes those on each map change.
+
+The mutable keys (with their placement-group hash, for ``drop_unless``) and the last epoch seen
+in the map are kept beside the server's id (on the disk with a cold tier, else in /dev/shm
+beside the arena), so they live exactly as long as the values: an append-only log, written
+before the put is acknowledged, rewritten after a purge. Without masters no map can move a key,
+and nothing is kept or hidden.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-_LENGTH = struct.Struct("<H")
+_RECORD = struct.Struct("<HQ")        # key length, placement-group hash; then the key
 
 
 class MutableKeys:
@@ -42,7 +47,7 @@ class MutableKeys:
         server has no masters. ``delete`` removes a key from every tier."""
         self._path, self._delete = path, delete
         self._lock = threading.Lock()
-        self._keys: set[bytes] = set()
+        self._keys: dict[bytes, int] = {}        # key -> its placement-group hash
         self._hidden: set[bytes] = set()
         self._in_map = False
         self._last_epoch: int | None = None
@@ -70,17 +75,18 @@ class MutableKeys:
     def count(self) -> int:
         return len(self._keys)
 
-    def written(self, key: bytes, *, content_addressed: bool) -> None:
-        """A put of ``key`` is about to be stored (call before it is acknowledged)."""
+    def written(self, key: bytes, *, content_addressed: bool, group: int = 0) -> None:
+        """A put of ``key`` (placement-group hash ``group``) is about to be stored: call
+        before it is acknowledged."""
         if self._path is None:
             return
         with self._lock:
             if key in self._hidden:
                 self._hidden.discard(key)
                 self._delete(key)               # the hidden value must not outlive this put
-            if not content_addressed and key not in self._keys:
-                os.write(self._fd, _LENGTH.pack(len(key)) + key)
-                self._keys.add(key)
+            if not content_addressed and self._keys.get(key) != group:
+                os.write(self._fd, _RECORD.pack(len(key), group) + key)
+                self._keys[key] = group
 
     def in_map(self, epoch: int) -> None:
         """A master answered that this server is in the map, at map ``epoch``."""
@@ -125,10 +131,31 @@ class MutableKeys:
                     continue                    # put again since: that value is current
                 self._delete(key)
                 self._hidden.discard(key)
-                self._keys.discard(key)
+                self._keys.pop(key, None)
         with self._lock:
             _rewrite(self._path, self._keys)
         log.info("mutable_keys.purged count=%d", len(keys))
+
+    def drop_unless(self, owned: Callable[[bytes, int], bool]) -> int:
+        """Delete every mutable key for which ``owned(key, group)`` is false (the map gave it
+        to another server); how many went."""
+        with self._lock:
+            keys = list(self._keys.items())
+        dropped = 0
+        for key, group in keys:
+            if owned(key, group):
+                continue
+            with self._lock:
+                if self._keys.get(key) == group:
+                    self._delete(key)
+                    self._keys.pop(key, None)
+                    self._hidden.discard(key)
+                    dropped += 1
+        if dropped:
+            with self._lock:
+                _rewrite(self._path, self._keys)
+            log.info("mutable_keys.dropped count=%d: owned by another server now", dropped)
+        return dropped
 
     def close(self) -> None:
         with self._lock:
@@ -137,27 +164,28 @@ class MutableKeys:
                 self._fd = -1
 
 
-def _load(path: str) -> set[bytes]:
+def _load(path: str) -> dict[bytes, int]:
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
-        return set()
-    keys, pos = set(), 0
-    while pos + _LENGTH.size <= len(raw):
-        (n,) = _LENGTH.unpack_from(raw, pos)
-        if n == 0 or pos + _LENGTH.size + n > len(raw):
+        return {}
+    keys, pos = {}, 0
+    while pos + _RECORD.size <= len(raw):
+        n, group = _RECORD.unpack_from(raw, pos)
+        start = pos + _RECORD.size
+        if n == 0 or start + n > len(raw):
             break                                # a write cut short by a crash: the tail
-        keys.add(raw[pos + _LENGTH.size:pos + _LENGTH.size + n])
-        pos += _LENGTH.size + n
+        keys[raw[start:start + n]] = group       # a later record of a key is its last put
+        pos = start + n
     return keys
 
 
-def _rewrite(path: str, keys: set[bytes]) -> None:
+def _rewrite(path: str, keys: dict[bytes, int]) -> None:
     """Replace the log by ``keys`` (its fd is O_APPEND on the same inode: truncate in place)."""
     with open(path, "r+b") as fh:
         fh.truncate(0)
-        fh.write(b"".join(_LENGTH.pack(len(k)) + k for k in keys))
+        fh.write(b"".join(_RECORD.pack(len(k), g) + k for k, g in keys.items()))
 
 
 def _load_epoch(path: str) -> int | None:

@@ -86,6 +86,33 @@ def test_a_key_overwritten_while_its_server_was_cut_off_never_reads_back_older(t
     _through_an_absence(tmp_path, away=away, back=back)
 
 
+def test_a_key_whose_owner_came_back_is_not_served_again_by_the_one_that_stood_in(tmp_path):
+    """Server 1 stands in for server 0 while it is dead and takes puts of its keys; server 0
+    returns and takes puts of them again; server 0 dies once more: server 1 must not serve
+    the values it took the first time."""
+    with LocalMasters(1, args=MASTER_ARGS, log_dir=str(tmp_path / "m")) as masters, \
+            LocalCluster(2, memory="64MiB", master=masters.spec,
+                         log_dir=str(tmp_path / "s")) as cluster, \
+            Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+        returning = cluster.addresses[0]
+        wait_until(lambda: len(client.stats()["servers"]) == 2, 15)
+        keys = [f"doc/{i}" for i in range(N_KEYS)]
+        assert all(client.batch_put(keys, [_old(i) for i in range(N_KEYS)]))
+        cluster.kill(0)
+        wait_until(lambda: not _back_in_map(client, returning), 15)
+        assert all(client.batch_put(keys, [_old(i) + b"2" for i in range(N_KEYS)]))
+        cluster.restart(0)
+        wait_until(lambda: _back_in_map(client, returning), 15)
+        wait_until(lambda: all(client.batch_put(keys, [_new(i) for i in range(N_KEYS)])), 10)
+        cluster.kill(0)
+        wait_until(lambda: not _back_in_map(client, returning), 15)
+        got = client.batch_get(keys)
+        older = [k for k, v, i in zip(keys, got, range(N_KEYS)) if v == _old(i) + b"2"]
+        assert older == [], f"{len(older)} keys read back the stand-in's older values"
+        assert all(v in (None, _new(i)) for i, v in enumerate(got))
+        assert any(v == _new(i) for i, v in enumerate(got))      # server 1's own keys
+
+
 def test_a_quick_restart_keeps_every_key(tmp_path):
     """Back before the map dropped it: nothing moved, so mutable keys are served again too."""
     with LocalMasters(1, args=("--dead-timeout", "10.0", "--heartbeat-interval", "0.5"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from gcache.server.mutable_keys import MutableKeys
 from tests.helpers import wait_until
 
@@ -66,6 +68,25 @@ def test_a_log_cut_short_by_a_crash_keeps_its_whole_records(tmp_path):
     keys.written(b"whole", content_addressed=False)
     keys.close()
     with open(tmp_path / "s.mutable", "ab") as fh:
-        fh.write(b"\x09\x00par")                      # 9 bytes announced, 3 written
+        fh.write(struct.pack("<HQ", 9, 0) + b"par")    # 9 key bytes announced, 3 written
     again = _open(tmp_path, deleted)
     assert again.count() == 1 and again.is_mutable(b"whole")
+
+
+def test_drop_unless_deletes_the_keys_another_server_owns_now(tmp_path):
+    deleted: list[bytes] = []
+    keys = _open(tmp_path, deleted)
+    keys.in_map(1)
+    keys.written(b"mine", content_addressed=False, group=7)
+    keys.written(b"theirs", content_addressed=False, group=9)
+    keys.written(b"page", content_addressed=True)
+    seen: list[tuple[bytes, int]] = []
+
+    def owned(key: bytes, group: int) -> bool:
+        seen.append((key, group))
+        return key == b"mine"
+
+    assert keys.drop_unless(owned) == 1
+    assert sorted(seen) == [(b"mine", 7), (b"theirs", 9)] and deleted == [b"theirs"]
+    keys.close()
+    assert _open(tmp_path, deleted).count() == 1       # the log was rewritten
