@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
@@ -33,15 +35,22 @@ def _back_in_map(client: Client, address: str) -> bool:
     return address in client.stats()["servers"]
 
 
-def _through_an_absence(tmp_path, away, back) -> None:
-    """Keys put, server 0 taken away (``away``) until the map drops it, the mutable keys put
-    again, server 0 brought back (``back``) until the map has it again; then the reads."""
+@contextmanager
+def _two_servers(tmp_path) -> Iterator[tuple[LocalCluster, Client]]:
+    """Two servers under one master that declares a server dead after 2 s of silence."""
     with LocalMasters(1, args=MASTER_ARGS, log_dir=str(tmp_path / "m")) as masters, \
             LocalCluster(2, memory="64MiB", master=masters.spec,
                          log_dir=str(tmp_path / "s")) as cluster, \
             Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
-        returning = cluster.addresses[0]
         wait_until(lambda: len(client.stats()["servers"]) == 2, 15)
+        yield cluster, client
+
+
+def _through_an_absence(tmp_path, away, back) -> None:
+    """Keys put, server 0 taken away (``away``) until the map drops it, the mutable keys put
+    again, server 0 brought back (``back``) until the map has it again; then the reads."""
+    with _two_servers(tmp_path) as (cluster, client):
+        returning = cluster.addresses[0]
         mutable = [f"doc/{i}" for i in range(N_KEYS)]
         pages = [f"page/{i}" for i in range(N_KEYS)]
         assert all(client.batch_put(mutable, [_old(i) for i in range(N_KEYS)]))
@@ -90,12 +99,8 @@ def test_a_key_whose_owner_came_back_is_not_served_again_by_the_one_that_stood_i
     """Server 1 stands in for server 0 while it is dead and takes puts of its keys; server 0
     returns and takes puts of them again; server 0 dies once more: server 1 must not serve
     the values it took the first time."""
-    with LocalMasters(1, args=MASTER_ARGS, log_dir=str(tmp_path / "m")) as masters, \
-            LocalCluster(2, memory="64MiB", master=masters.spec,
-                         log_dir=str(tmp_path / "s")) as cluster, \
-            Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+    with _two_servers(tmp_path) as (cluster, client):
         returning = cluster.addresses[0]
-        wait_until(lambda: len(client.stats()["servers"]) == 2, 15)
         keys = [f"doc/{i}" for i in range(N_KEYS)]
         assert all(client.batch_put(keys, [_old(i) for i in range(N_KEYS)]))
         cluster.kill(0)
