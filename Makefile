@@ -156,6 +156,7 @@ bench: $(STAMP) redis
 	$(PY) bench/nixl_bare.py
 	$(PY) bench/tiers.py
 	$(PY) bench/master.py
+	$(PY) bench/placement.py
 	$(PY) bench/update_readme.py
 
 # Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 class DataServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        # the handlers' IO timeout (never under the lease TTL): a peer silent that long is gone
         self.listener = TcpListener(config.listen, io_size=config.io_size,
-                                    unacknowledged_s=config.io_timeout_s)
+                                    unacknowledged_s=max(config.io_timeout_s, config.lease_ttl_s))
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"

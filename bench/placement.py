@@ -1,0 +1,114 @@
+"""Placement on the conversation trace: how evenly the KV lands on the servers, and how many
+sequences one server's death breaks, for each rule a page's placement group could follow.
+
+Every request of ``../shared/data/traces/conversation_trace.jsonl`` (Mooncake's FAST'25
+"Conversation" workload) is a chain of 512-token blocks whose ids name the prefix through them;
+each distinct block is one stored page of equal size, placed by ``gcache.ring.Ring`` on
+``--servers`` equal servers with ``group_width`` 2, exactly as the SDK places a key:
+
+- ``first page`` (what ``gcache.kv.page_keys.group_of`` does today): every page of a sequence
+  takes the group of the sequence's first page;
+- ``no group``: every page by its own hash;
+- ``depth D``: page i takes the group of page ``min(i, D - 1)`` of its own prefix, so the first
+  D pages spread by their own hashes and every deeper page follows the prefix through page
+  D - 1 (a rule each page's key can compute alone, so every prefix of a sequence agrees);
+- ``root+depth D``: the first D pages keep the first page's group (a shared system prompt stays
+  on one set of servers, stored once) and every deeper page follows the prefix through page
+  D - 1: the rule for engines whose pages are far smaller than the trace's 512-token blocks,
+  where "depth D" would scatter a long prompt's pages over every server.
+
+Balance is max / mean bytes per server (target <= 1.3); the blast radius is the share of requests
+(each needs all its pages) that lose a page when one server dies, worst server and mean over
+servers. Prints a table and writes ``bench/results/placement-latest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import write_results  # noqa: E402
+
+from gcache.ring import Ring  # noqa: E402
+
+TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                     "traces", "conversation_trace.jsonl")
+
+
+def load(path: str, limit: int | None) -> list[list[int]]:
+    with open(path, encoding="utf-8") as fh:
+        chains = [json.loads(line)["hash_ids"] for line in fh if line.strip()]
+    return chains[:limit] if limit else chains
+
+
+def _page(block: int) -> bytes:
+    return f"page/{block}".encode()
+
+
+def group_rule(name: str):
+    """The group of page ``i`` of ``chain``, as a function of the chain's first i + 1 blocks."""
+    if name == "first page":
+        return lambda chain, i: _page(chain[0])
+    if name == "no group":
+        return lambda chain, i: None
+    depth = int(name.split()[-1])
+    if name.startswith("root"):
+        return lambda chain, i: _page(chain[0 if i < depth else depth - 1])
+    return lambda chain, i: _page(chain[min(i, depth - 1)])
+
+
+def measure(chains: list[list[int]], rule: str, ring: Ring, width: int) -> dict:
+    group_of = group_rule(rule)
+    owner: dict[int, str] = {}
+    for chain in chains:
+        for i, block in enumerate(chain):
+            if block not in owner:
+                owner[block] = ring.owner(_page(block), group=group_of(chain, i),
+                                          group_width=width)
+    per_server = {s: 0 for s in ring.servers}
+    for server in owner.values():
+        per_server[server] += 1
+    mean = statistics.mean(per_server.values())
+    broken = {s: 0 for s in ring.servers}
+    for chain in chains:
+        for server in {owner[b] for b in chain}:
+            broken[server] += 1
+    shares = [n / len(chains) for n in broken.values()]
+    return {"pages": len(owner), "max_over_mean": max(per_server.values()) / mean,
+            "death_breaks_worst": max(shares), "death_breaks_mean": statistics.mean(shares)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default=TRACE)
+    parser.add_argument("--servers", type=int, default=8)
+    parser.add_argument("--group-width", type=int, default=2)
+    parser.add_argument("--vnodes", type=int, default=64, help="ring points per server")
+    parser.add_argument("--limit", type=int, default=None, help="first N requests only")
+    args = parser.parse_args()
+    chains = load(args.trace, args.limit)
+    ring = Ring.uniform([f"server-{i}" for i in range(args.servers)], vnodes=args.vnodes)
+    rules = ["first page", "no group", "depth 2", "depth 4", "depth 8", "root+depth 4",
+             "root+depth 8", "root+depth 16"]
+    rows = {rule: measure(chains, rule, ring, args.group_width) for rule in rules}
+    print(f"placement on {len(chains)} requests, {args.servers} servers, group_width "
+          f"{args.group_width}, {args.vnodes} ring points per server\n")
+    print(f"{'rule':<14}{'pages':>9}{'max/mean':>10}{'death breaks (worst)':>22}"
+          f"{'(mean)':>9}")
+    for rule, row in rows.items():
+        print(f"{rule:<14}{row['pages']:>9}{row['max_over_mean']:>10.2f}"
+              f"{row['death_breaks_worst']:>22.1%}{row['death_breaks_mean']:>9.1%}")
+    write_results("placement", {"date": dt.date.today().isoformat(), "requests": len(chains),
+                                "servers": args.servers, "group_width": args.group_width,
+                                "vnodes": args.vnodes,
+                                "rules": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
