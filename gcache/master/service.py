@@ -62,8 +62,12 @@ class MasterService(pb_grpc.MasterServicer):
         if record is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
                           f"server {request.id!r} is not registered; Register first")
+        # The state before this beat is recorded: a dead server whose beat brings it back must
+        # learn from this very answer that it was dead (it then hides what it may hold stale,
+        # gcache.server.mutable_keys), before liveness marks it alive and clients route to it.
+        epoch, state = self.group.state.epoch, STATE_TO_PB[record.state]
         self.liveness.beat(request.id)
-        return pb.HeartbeatReply(epoch=self.group.state.epoch, state=STATE_TO_PB[record.state])
+        return pb.HeartbeatReply(epoch=epoch, state=state)
 
     def GetClusterMap(self, request: pb.GetClusterMapRequest, context: Any) -> pb.ClusterMap:
         if not self.group.is_ready():
