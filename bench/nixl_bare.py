@@ -76,6 +76,18 @@ def _run(op: str, agent, remote: str, local_base: int, remote_base: int, total: 
     return time.perf_counter() - began
 
 
+def _answer(conn, target, what: str, timeout_s: float = 60.0):
+    """The target's next message; RuntimeError when it died or stayed silent (the bench must
+    stop by itself, not wait on a pipe for ever)."""
+    deadline = time.monotonic() + timeout_s
+    while not conn.poll(0.2):
+        if not target.is_alive():
+            raise RuntimeError(f"the target process exited ({target.exitcode}) before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the target process sent no {what} in {timeout_s:.0f} s")
+    return conn.recv()
+
+
 def measure(args) -> dict:
     """One UCX configuration (this process's environment): READ and WRITE GB/s."""
     import numpy as np
@@ -85,7 +97,7 @@ def measure(args) -> dict:
     target = ctx.Process(target=_target, args=(child, total))
     target.start()
     try:
-        metadata, remote_base, served = parent.recv()
+        metadata, remote_base, served = _answer(parent, target, "agent metadata")
         agent = _agent("initiator")
         local = np.ones(total, dtype=np.uint8)          # touched: no page faults in the READs
         agent.register_memory([(local.ctypes.data, total, 0, "")], "DRAM")
@@ -101,7 +113,7 @@ def measure(args) -> dict:
         write_s = _run("WRITE", agent, remote, local.ctypes.data, remote_base, total, value, io,
                        args.in_flight)
         parent.send("done")
-        if parent.recv() != _digest(source):
+        if _answer(parent, target, "digest of the written bytes") != _digest(source):
             raise RuntimeError("WRITE: the target's bytes differ from those written")
     finally:
         target.join(30)
