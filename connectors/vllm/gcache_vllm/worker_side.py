@@ -229,9 +229,13 @@ class WorkerSide:
         self._loads_of = None
 
     def _release_loads(self) -> None:
+        # A load whose layers were not all waited for (their hooks never ran, or the step
+        # ended early) is still fetching: the loader writes into the sink's pooled buffers
+        # until it is done, on CPU as on CUDA. Releasing them first handed those buffers to
+        # the next load while still being written, and let a closing client be torn down
+        # under a fetch in flight (a heap corruption in the core suite once).
         for _, handle, sink in self._loads:
-            if self.transfers.cuda:
-                handle.wait()      # the loader writes into pooled buffers until then
+            handle.wait()
             sink.release()
         self._loads = []
 
