@@ -4,8 +4,9 @@ talk over a real interface with an address of its own (``198.18.X.i/24``, the be
 that no real network routes; the test process is ``.254``) instead of loopback. It removes
 exactly what it created, by name, on exit. ``cut(i)`` drops every frame to and from host ``i``
 (a ``clsact`` qdisc with a direct-action classic-BPF filter that drops all: this kernel has
-neither ``netem`` nor the ``drop`` action module) and ``heal(i)`` lifts it; ``limit(i, rate)`` caps what host ``i`` sends and receives
-with ``tbf``. Needs root and ``ip`` (and ``tc`` for those three); ``available()`` says whether
+neither ``netem`` nor the ``drop`` action module) and ``heal(i)`` lifts it; ``limit(i, rate)``
+caps what host ``i`` sends and receives with ``tbf``. Needs root and ``ip`` (and ``tc`` for
+those three); ``available()`` says whether
 this machine can (the tests skip with the reason if not). Names and subnets derive from one tag
 claimed at creation: a name another run holds is skipped, never removed."""
 
