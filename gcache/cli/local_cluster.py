@@ -147,6 +147,8 @@ class LocalCluster:
             for leftover in (os.path.join("/dev/shm", server.shm_name),
                              os.path.join("/dev/shm", f"{server.shm_name}.key"),
                              os.path.join("/dev/shm", f"{server.shm_name}.id"),
+                             os.path.join("/dev/shm", f"{server.shm_name}.mutable"),
+                             os.path.join("/dev/shm", f"{server.shm_name}.mutable.epoch"),
                              f"/tmp/{server.shm_name}.sock"):
                 try:
                     os.unlink(leftover)       # what a SIGKILLed server could not remove
