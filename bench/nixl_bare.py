@@ -159,8 +159,9 @@ def main() -> int:
     print(f"bare NIXL, {args.total_mib} MiB as {args.value_mib} MiB transfers of "
           f"{args.io_mib} MiB descriptors, {args.in_flight} in flight; memcpy {memcpy:.2f} GB/s")
     for label, row in rows.items():
+        ratio = row["read_gb_s"] / memcpy
         print(f"  {label:12s} READ {row['read_gb_s']:6.2f} GB/s  "
-              f"WRITE {row['write_gb_s']:6.2f} GB/s  (READ {row['read_gb_s'] / memcpy:.2f}x memcpy)")
+              f"WRITE {row['write_gb_s']:6.2f} GB/s  (READ {ratio:.2f}x memcpy)")
     write_results("nixl-bare", {"date": dt.date.today().isoformat(), "memcpy_gb_s": memcpy,
                                 "total_bytes": args.total_mib * MiB,
                                 "value_bytes": args.value_mib * MiB,
