@@ -127,11 +127,8 @@ class MutableKeys:
     def _purge(self, keys: set[bytes]) -> None:
         for key in keys:
             with self._lock:
-                if key not in self._hidden:
-                    continue                    # put again since: that value is current
-                self._delete(key)
-                self._hidden.discard(key)
-                self._keys.pop(key, None)
+                if key in self._hidden:         # else put again since: that value is current
+                    self._forget(key)
         with self._lock:
             _rewrite(self._path, self._keys)
         log.info("mutable_keys.purged count=%d", len(keys))
@@ -147,15 +144,19 @@ class MutableKeys:
                 continue
             with self._lock:
                 if self._keys.get(key) == group:
-                    self._delete(key)
-                    self._keys.pop(key, None)
-                    self._hidden.discard(key)
+                    self._forget(key)
                     dropped += 1
         if dropped:
             with self._lock:
                 _rewrite(self._path, self._keys)
             log.info("mutable_keys.dropped count=%d: owned by another server now", dropped)
         return dropped
+
+    def _forget(self, key: bytes) -> None:
+        """Delete ``key`` from the tiers and from this record (under ``_lock``)."""
+        self._delete(key)
+        self._keys.pop(key, None)
+        self._hidden.discard(key)
 
     def close(self) -> None:
         with self._lock:
