@@ -18,26 +18,55 @@ from gcache.errors import GCacheError
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """The KV demo (conversations through ``gcache.kv``), then the raw put/get check."""
+    from gcache.cli import kv_demo
     from gcache.cli.local_cluster import LocalCluster
     from gcache.cli.workload import run_workload
+    from gcache.kv import ModelLayout
+    from gcache.kv.trace import BLOCK_SIZE
     from gcache.sdk import Client
 
+    if not 0 < args.budget <= 1:
+        raise ValueError(f"--budget {args.budget} must be a fraction in (0, 1]")
+    layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
+    trace = kv_demo.demo_requests(args.trace, args.conversations, layout)
+    memory, segment = replay.arena_for_budget(trace, args.scale, args.budget, args.servers)
+    print(f"gcache demo: KV of {layout.model} ({len(layout.full_layers)} full-attention + "
+          f"{len(layout.swa_layers)} sliding-window layers, W={layout.window}) for the "
+          f"conversations of {args.trace}, on {args.servers} gcache-server(s) of "
+          f"{memory / 2**20:.1f} MiB (values at 1/{args.scale})")
+    with LocalCluster(args.servers, memory=str(memory),
+                      server_args=("--segment-size", str(segment))) as cluster, \
+            Client(cluster.addresses, timeout_s=args.timeout) as client:
+        result = kv_demo.run_kv_demo(client, trace, scale=args.scale, budget=args.budget,
+                                     n_conversations=args.conversations,
+                                     progress=not args.quiet)
+    for line in kv_demo.report(result, layout):
+        print(f"gcache demo: {line}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(result.to_json(), out, indent=1)
+    if result.corrupt_loads or result.failed_loads or result.hit_tokens == 0:
+        print("gcache demo: FAILED (a load was wrong or incomplete, or nothing hit)",
+              file=sys.stderr)
+        return 1
+    if args.total == "0":
+        return 0
     total, block = parse_size(args.total, key="--total"), parse_size(args.block, key="--block")
-    print(f"gcache demo: starting {args.servers} gcache-server(s) of {args.memory} on 127.0.0.1")
+    print(f"gcache demo: raw put/get check, {args.servers} gcache-server(s) of {args.memory}")
     with LocalCluster(args.servers, memory=args.memory) as cluster:
-        print(f"gcache demo: servers ready at {', '.join(cluster.addresses)}")
         with Client(cluster.addresses, timeout_s=args.timeout) as client:
-            result = run_workload(client, total_bytes=total, block_bytes=block,
-                                  progress=not args.quiet)
+            raw = run_workload(client, total_bytes=total, block_bytes=block,
+                               progress=not args.quiet)
             stats = client.stats()
             server_stats = client.server_stats()
-    print(f"gcache demo: {result.summary()}")
+    print(f"gcache demo: {raw.summary()}")
     print(f"gcache demo: misses_by_reason={stats['misses_by_reason']}")
     evicted = sum(s["tier"]["evicted_objects"] for s in server_stats.values() if s)
     print(f"gcache demo: server evictions={evicted} (the cluster holds less than was written)"
           if evicted else "gcache demo: server evictions=0")
     print("gcache demo: stopped all servers")
-    if result.corrupt or result.hits == 0:
+    if raw.corrupt or raw.hits == 0:
         print("gcache demo: FAILED (corrupt blocks or no hits)", file=sys.stderr)
         return 1
     return 0
@@ -148,11 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gcache", description="GCache command line")
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="start a local cluster and run a verified workload")
+    demo = sub.add_parser("demo", help="start a local cluster, serve a trace's conversations "
+                          "through gcache.kv, then run a verified put/get workload")
     demo.add_argument("--servers", type=int, default=2)
-    demo.add_argument("--memory", default="384MiB", help="hot tier per server")
-    demo.add_argument("--total", default="1GiB", help="bytes to write")
-    demo.add_argument("--block", default="4MiB", help="value size")
+    demo.add_argument("--trace", default=replay.DEFAULT_TRACE, help="JSONL trace (Mooncake)")
+    demo.add_argument("--model", default="mimo-v2.5-pro",
+                      help="config.json path or a shipped config name")
+    demo.add_argument("--conversations", type=int, default=20,
+                      help="how many conversations (of 3 turns or more) to serve")
+    demo.add_argument("--budget", type=float, default=0.2,
+                      help="arena size as a fraction of the full-layer working set")
+    demo.add_argument("--scale", type=int, default=128, help="value size divisor")
+    demo.add_argument("--json", help="write the KV demo's figures as JSON here")
+    demo.add_argument("--memory", default="384MiB", help="hot tier per server (put/get check)")
+    demo.add_argument("--total", default="1GiB", help="bytes to write (put/get check; 0: skip)")
+    demo.add_argument("--block", default="4MiB", help="value size (put/get check)")
     demo.add_argument("--timeout", type=float, default=2.0, help="IO timeout in seconds")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.set_defaults(run=_demo)

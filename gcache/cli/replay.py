@@ -45,26 +45,34 @@ class ZeroKV:
         return self._zeros[:(stop - start) * self.layout.layer_bytes_per_token(layer)]
 
 
-def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budgets: list[float],
-                   *, servers: int, log=print) -> list[ReplayRow]:
-    """Rows measured on real servers for the requests of ``trace``."""
-    from gcache.cli.local_cluster import LocalCluster
-    from gcache.sdk import Client
-
+def arena_for_budget(trace: PreparedTrace, scale: int, budget: float,
+                     servers: int) -> tuple[int, int]:
+    """(arena bytes, segment bytes) per server so that ``servers`` arenas hold ``budget`` of
+    ``trace``'s full-layer working set, at 1/``scale``, in value bytes."""
     from gcache.kv.page_keys import page_key
     from gcache.server.arena import record_size
 
     layout = trace.layout.scaled(scale)
     page_object = layout.full.bytes_per_token * layout.page_size
     per_object = record_size(len(page_key(bytes(16), layout.num_layers - 1)), page_object)
+    values = trace.budget_bytes(budget) // scale // servers
+    per_server = max(2 * MIN_SEGMENT_BYTES, values * per_object // page_object)
+    segment = max(MIN_SEGMENT_BYTES, 1 << int(math.log2(max(1, per_server // 256))))
+    return max(2, per_server // segment) * segment, segment
+
+
+def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budgets: list[float],
+                   *, servers: int, log=print) -> list[ReplayRow]:
+    """Rows measured on real servers for the requests of ``trace``."""
+    from gcache.cli.local_cluster import LocalCluster
+    from gcache.sdk import Client
+
+    layout = trace.layout.scaled(scale)
     token_lists = [tokens[:len(h) * layout.page_size]
                    for (_, tokens), h in zip(iter_tokens(list(trace.requests)), trace.hashes)]
     rows = []
     for budget in budgets:
-        values = trace.budget_bytes(budget) // scale // servers
-        per_server = max(2 * MIN_SEGMENT_BYTES, values * per_object // page_object)
-        segment = max(MIN_SEGMENT_BYTES, 1 << int(math.log2(max(1, per_server // 256))))
-        memory = max(2, per_server // segment) * segment
+        memory, segment = arena_for_budget(trace, scale, budget, servers)
         results = {}
         for name in policies:
             started = time.monotonic()

@@ -298,13 +298,13 @@ class KVStore:
         return self._sized(sink.write_target(layer, start, stop), layer, start, stop,
                            writable=True, what="load target")
 
-    def _get(self, keys: list[str], outs: list[memoryview], group: str | None) -> bool:
+    def _get(self, keys: list[str], outs: list[memoryview], group: str | None) -> list[bool]:
+        filled: list[bool] = []
         for i in range(0, len(keys), self.max_batch_keys):
-            got = self.client.batch_get_into(keys[i:i + self.max_batch_keys],
-                                             outs[i:i + self.max_batch_keys], group=group)
-            if any(n != len(out) for n, out in zip(got, outs[i:i + self.max_batch_keys])):
-                return False
-        return True
+            chunk = outs[i:i + self.max_batch_keys]
+            got = self.client.batch_get_into(keys[i:i + self.max_batch_keys], chunk, group=group)
+            filled += [n == len(out) for n, out in zip(got, chunk)]
+        return filled
 
     def _layers(self, layers: Iterable[int] | None) -> set[int]:
         if layers is None:

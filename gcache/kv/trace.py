@@ -10,6 +10,7 @@ request is cut to ``input_length``.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -78,3 +79,25 @@ def iter_tokens(requests: list[TraceRequest],
                 block_size: int = BLOCK_SIZE) -> Iterator[tuple[TraceRequest, np.ndarray]]:
     for request in requests:
         yield request, request_tokens(request, block_size)
+
+
+def conversations(requests: list[TraceRequest], *, min_turns: int = 3,
+                  limit: int | None = None) -> list[TraceRequest]:
+    """The requests of the first ``limit`` conversations with at least ``min_turns`` turns, in
+    trace order. A request continues a conversation when its blocks start with all but the last
+    block of an earlier request of it, at least two blocks (a turn resends the previous prompt,
+    whose last block was partial and is now extended; one shared block is a system prompt, not a
+    conversation). Traces interleave thousands of sessions, so a window of consecutive requests
+    holds few second turns: this gathers the trace's reuse."""
+    heads: dict[tuple[int, ...], int] = {}
+    session_of: list[int] = []
+    for request in requests:
+        ids = request.hash_ids
+        session = next((heads[ids[:k]] for k in range(len(ids), 1, -1) if ids[:k] in heads),
+                       request.index)
+        session_of.append(session)
+        if len(ids) > 2:
+            heads.setdefault(ids[:-1], session)
+    turns = Counter(session_of)
+    kept = set([s for s in dict.fromkeys(session_of) if turns[s] >= min_turns][:limit])
+    return [r for r, s in zip(requests, session_of) if s in kept]
