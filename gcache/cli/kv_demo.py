@@ -176,9 +176,9 @@ def run_kv_demo(client, trace: PreparedTrace, *, scale: int, budget: float,
 
 def probe_partly_shared(store: KVStore, index: int, tokens: np.ndarray,
                         tails: tuple[int, ...]) -> PartlySharedPrompt | None:
-    """Probe a prompt that follows request ``index`` (just saved) for all but the last of its
-    pages that has no tail, half a page more, then diverges: the boundary falls back to the
-    last saved tail before the divergence."""
+    """Probe a prompt that has request ``index``'s tokens (just saved) up to half a page past
+    its last page boundary without a saved tail, then diverges: the window-safe boundary falls
+    back to the last tail stored before the divergence."""
     page = store.layout.page_size
     n_pages = len(tokens) // page
     k = next((k for k in range(n_pages - 1, 0, -1) if k not in tails), 0)
