@@ -265,13 +265,18 @@ class LoadClock:
         from gcache_vllm.worker_side import WorkerSide
         clock, start, count = self, WorkerSide.start_load, WorkerSide._count
 
+        def handles(side) -> list:
+            return [h for _, h, _ in [*side._loads, *side._async_loads.values()] if h]
+
         def timed_start(side, meta):
-            began = time.perf_counter()
+            began, before = time.perf_counter(), {id(h) for h in handles(side)}
             start(side, meta)
-            for _, handle, _ in side._loads:    # waited for beside the forward, not in it
-                waiter = threading.Thread(target=clock.wait, args=(handle, began), daemon=True)
-                waiter.start()
-                clock._waiters.append(waiter)
+            for handle in handles(side):        # waited for beside the forward, not in it
+                if id(handle) not in before:
+                    waiter = threading.Thread(target=clock.wait, args=(handle, began),
+                                              daemon=True)
+                    waiter.start()
+                    clock._waiters.append(waiter)
 
         def counted(side, name, n):
             if name == "bytes_loaded":

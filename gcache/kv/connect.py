@@ -28,6 +28,8 @@ SETTINGS = {
     "async_load_tokens": "vLLM: hits of more tokens than this load asynchronously, beside the "
                          "forward passes (default 2048; 0: every hit)",
     "pinned_mb": "vLLM: host memory one worker may pin for staging, in MiB (default 4096)",
+    "switch_interval_us": "vLLM: the worker process's GIL switch interval in microseconds, "
+                          "lowered to this at most (default 200; 0: left as it is)",
     "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
               "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
 }

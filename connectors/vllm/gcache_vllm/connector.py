@@ -29,6 +29,7 @@ recomputes those blocks rather than failing the request); a failed save is logge
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from gcache.kv import KVStore, client_from_settings, count_setting, gcache_settings
@@ -46,11 +47,26 @@ from gcache_vllm.worker_side import WorkerSide
 log = get_logger(__name__)
 
 DEFAULT_POLICY = "adaptive"
+DEFAULT_SWITCH_INTERVAL_US = 200
 
 
 def pinned_mib(settings: dict[str, Any]) -> int:
     """``gcache_pinned_mb``: the host memory a worker may pin for staging (at least 1 MiB)."""
     return count_setting(settings, "pinned_mb", DEFAULT_PINNED_BYTES >> 20, minimum=1)
+
+
+def shorten_gil_switch(settings: dict[str, Any]) -> None:
+    """``gcache_switch_interval_us``. The loader threads need the GIL for a moment per object
+    (and per MiB copied) while vLLM's engine loop, in the same process with one worker, runs
+    Python between steps and holds it; a waiting thread gets it only after the switch interval
+    (5 ms by default), so an 8K-token load of 512 objects took 1.1-1.5 s instead of 0.3
+    (bench/engine.py, Llama of 8 layers, over shared memory). Only ever lowered."""
+    microseconds = count_setting(settings, "switch_interval_us", DEFAULT_SWITCH_INTERVAL_US,
+                                 minimum=0)
+    if microseconds and microseconds / 1e6 < sys.getswitchinterval():
+        log.info("gcache: GIL switch interval %.0f us -> %d us (gcache_switch_interval_us)",
+                 sys.getswitchinterval() * 1e6, microseconds)
+        sys.setswitchinterval(microseconds / 1e6)
 
 
 class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
@@ -78,6 +94,7 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 same_host=self._same_host, async_load_tokens=count_setting(
                     settings, "async_load_tokens", DEFAULT_ASYNC_LOAD_TOKENS))
         else:
+            shorten_gil_switch(settings)
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config),
                                      layer_index=layer_index,
                                      pinned_bytes=pinned_mib(settings) << 20)
