@@ -225,7 +225,7 @@ def demo(length: int = 8192) -> int:
     with tempfile.TemporaryDirectory(prefix="gcache-run-engine-") as tmp, \
             LocalCluster(2, memory="512MiB", log_dir=os.path.join(tmp, "gcache")) as cluster:
         work = pathlib.Path(tmp)
-        print("gcache run-engine: writing a ~100 M parameter Llama with random weights")
+        print("gcache run-engine: writing a 99 M parameter Llama with random weights")
         spec = {"model": str(write_model(work / "llama", "llama")), "max_len": length + 2 * BLOCK,
                 "servers": cluster.addresses, "transport": "shm", "skip": 1}
         document = {"document": length, "length": length}

@@ -27,7 +27,8 @@ def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "demo.json"
     done = subprocess.run([sys.executable, "-m", "gcache.cli", "demo", "--quiet",
                            "--conversations", str(CONVERSATIONS), "--budget", str(BUDGET),
-                           "--total", "32MiB", "--memory", "64MiB", "--json", str(out)],
+                           "--total", "32MiB", "--memory", "64MiB", "--timeout", "10",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, json.loads(out.read_text())
