@@ -28,8 +28,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     if not 0 < args.budget <= 1:
         raise ValueError(f"--budget {args.budget} must be a fraction in (0, 1]")
+    if args.conversations < 1:
+        raise ValueError(f"--conversations {args.conversations} must be 1 or more")
     layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
     trace = kv_demo.demo_requests(args.trace, args.conversations, layout)
+    if not trace.requests:
+        raise ValueError(f"--trace {args.trace} holds no conversation of 3 turns or more")
     memory, segment = replay.arena_for_budget(trace, args.scale, args.budget, args.servers)
     print(f"gcache demo: KV of {layout.model} ({len(layout.full_layers)} full-attention + "
           f"{len(layout.swa_layers)} sliding-window layers, W={layout.window}) for the "
