@@ -19,17 +19,22 @@ from gcache.errors import GCacheError
 
 def _demo(args: argparse.Namespace) -> int:
     """The KV demo (conversations through ``gcache.kv``), then the raw put/get check."""
-    from gcache.cli import kv_demo
-    from gcache.cli.local_cluster import LocalCluster
-    from gcache.cli.workload import run_workload
-    from gcache.kv import ModelLayout
-    from gcache.kv.trace import BLOCK_SIZE
-    from gcache.sdk import Client
-
     if not 0 < args.budget <= 1:
         raise ValueError(f"--budget {args.budget} must be a fraction in (0, 1]")
     if args.conversations < 1:
         raise ValueError(f"--conversations {args.conversations} must be 1 or more")
+    if _kv_demo(args) != 0:
+        return 1
+    return 0 if args.total == "0" else _put_get_check(args)
+
+
+def _kv_demo(args: argparse.Namespace) -> int:
+    from gcache.cli import kv_demo
+    from gcache.cli.local_cluster import LocalCluster
+    from gcache.kv import ModelLayout
+    from gcache.kv.trace import BLOCK_SIZE
+    from gcache.sdk import Client
+
     layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
     trace = kv_demo.demo_requests(args.trace, args.conversations, layout)
     if not trace.requests:
@@ -54,8 +59,14 @@ def _demo(args: argparse.Namespace) -> int:
         print("gcache demo: FAILED (a load was wrong or incomplete, or nothing hit)",
               file=sys.stderr)
         return 1
-    if args.total == "0":
-        return 0
+    return 0
+
+
+def _put_get_check(args: argparse.Namespace) -> int:
+    from gcache.cli.local_cluster import LocalCluster
+    from gcache.cli.workload import run_workload
+    from gcache.sdk import Client
+
     total, block = parse_size(args.total, key="--total"), parse_size(args.block, key="--block")
     print(f"gcache demo: raw put/get check, {args.servers} gcache-server(s) of {args.memory}")
     with LocalCluster(args.servers, memory=args.memory) as cluster:

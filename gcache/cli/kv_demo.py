@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from tqdm import tqdm
 
+from gcache.config import format_size
 from gcache.kv import KVStore, ModelLayout
 from gcache.kv.policy import DEFAULT_POLICY
-from gcache.kv.replay import PreparedTrace, prepare, replay_model
+from gcache.kv.replay import PreparedTrace, ReplayRow, prepare, replay_model
 from gcache.kv.trace import conversations, iter_tokens, read_trace
 
 
@@ -108,21 +109,23 @@ def demo_requests(trace_path: str, n_conversations: int, layout: ModelLayout) ->
     return prepare(conversations(read_trace(trace_path), limit=n_conversations), layout)
 
 
-def full_layer_fraction_for(trace: PreparedTrace, hit_rate: float) -> float:
-    """The smallest budget (to 1/1000 of the working set) at which full-layer storage reaches
-    ``hit_rate`` in the replay model; 1.0 when even the whole working set does not."""
-    def hit_at(fraction: float) -> float:
-        return replay_model(trace, ["full-layer"], [fraction])[0].hit_rate
-    low, high = 0, 1000
-    if hit_at(1.0) < hit_rate:
-        return 1.0
+def full_layer_for(trace: PreparedTrace, hit_rate: float) -> ReplayRow:
+    """Full-layer storage's replay-model row at the smallest budget (to 1/1000 of the working
+    set) where it reaches ``hit_rate``; at the whole working set when even that does not."""
+    def at(fraction: float) -> ReplayRow:
+        return replay_model(trace, ["full-layer"], [fraction])[0]
+    whole = at(1.0)
+    if whole.hit_rate < hit_rate:
+        return whole
+    low, high, best = 0, 1000, whole
     while high - low > 1:
         middle = (low + high) // 2
-        if hit_at(middle / 1000) >= hit_rate:
-            high = middle
+        row = at(middle / 1000)
+        if row.hit_rate >= hit_rate:
+            high, best = middle, row
         else:
             low = middle
-    return high / 1000
+    return best
 
 
 def run_kv_demo(client, trace: PreparedTrace, *, scale: int, budget: float,
@@ -158,15 +161,14 @@ def run_kv_demo(client, trace: PreparedTrace, *, scale: int, budget: float,
         partly = probe_partly_shared(store, *last) if requests else None
     model = {r.policy: r for r in replay_model(trace, [DEFAULT_POLICY, "full-layer"], [budget])}
     hit_rate = hits / trace.input_tokens
-    same_hits = full_layer_fraction_for(trace, hit_rate)
-    full_layer_same_hits = replay_model(trace, ["full-layer"], [same_hits])[0]
+    same_hits = full_layer_for(trace, hit_rate)
     return KVDemoResult(
         model=trace.layout.model, conversations=n_conversations, requests=len(requests),
         input_tokens=trace.input_tokens, budget_fraction=budget, scale=scale, hit_tokens=hits,
         hit_rate=round(hit_rate, 6), model_hit_rate=model[DEFAULT_POLICY].hit_rate,
         full_layer_hit_rate=model["full-layer"].hit_rate,
-        full_layer_same_hits_fraction=same_hits, stored_bytes=stored * scale,
-        full_layer_stored_bytes=full_layer_same_hits.stored_bytes,
+        full_layer_same_hits_fraction=same_hits.budget_fraction, stored_bytes=stored * scale,
+        full_layer_stored_bytes=same_hits.stored_bytes,
         working_set_bytes=trace.working_set_bytes, loads=len(load_ms),
         load_p50_ms=round(_percentile(load_ms, 50), 3),
         load_p90_ms=round(_percentile(load_ms, 90), 3),
@@ -195,25 +197,22 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
-def _size(n: float) -> str:
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def report(r: KVDemoResult, layout: ModelLayout) -> list[str]:
     """The demo's figures, one line each (the test of the demo reads them back)."""
     memory = r.budget_fraction * r.working_set_bytes
     lines = [
+        f"{r.conversations} conversations, {r.requests} requests, {r.input_tokens} input "
+        f"tokens; arenas hold {r.budget_fraction:.0%} of the full-layer working set "
+        f"({format_size(int(memory))} at the model's size)",
         f"token hit rate {r.hit_rate:.4f} (window-safe hit tokens / input tokens; the replay "
         f"model on the same requests: {r.model_hit_rate:.4f})",
         f"full-layer storage in the same memory: hit rate {r.full_layer_hit_rate:.4f}; for the "
         f"same hits it needs {r.full_layer_same_hits_fraction:.1%} of the working set "
-        f"({_size(r.full_layer_same_hits_fraction * r.working_set_bytes)}), "
+        f"({format_size(int(r.full_layer_same_hits_fraction * r.working_set_bytes))}), "
         f"{r.full_layer_same_hits_fraction / r.budget_fraction:.1f}x this memory",
-        f"bytes stored {_size(r.stored_bytes)} (full-attention pages + window tails) against "
-        f"{_size(r.full_layer_stored_bytes)} that full-layer storage writes for the same hits: "
+        f"bytes stored {format_size(r.stored_bytes)} (full-attention pages + window tails) "
+        f"against {format_size(r.full_layer_stored_bytes)} that full-layer storage writes for "
+        f"the same hits: "
         f"{r.full_layer_stored_bytes / max(1, r.stored_bytes):.1f}x less",
     ]
     p = r.partly_shared
@@ -228,11 +227,8 @@ def report(r: KVDemoResult, layout: ModelLayout) -> list[str]:
             f"the rest ({r.cut_requests} of {r.requests} replayed requests were cut so)")
     lines.append(
         f"load latency p50 {r.load_p50_ms:.2f} ms, p90 {r.load_p90_ms:.2f} ms over {r.loads} "
-        f"loads of {_size(r.load_bytes_mean)} on average (values at 1/{r.scale}), "
+        f"loads of {format_size(r.load_bytes_mean)} on average (values at 1/{r.scale}), "
         f"{r.corrupt_loads} corrupt, {r.failed_loads} incomplete")
-    lines.insert(0, f"{r.conversations} conversations, {r.requests} requests, "
-                    f"{r.input_tokens} input tokens; arenas hold {r.budget_fraction:.0%} of the "
-                    f"full-layer working set ({_size(memory)} at the model's size)")
     return lines
 
 

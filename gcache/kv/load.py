@@ -27,11 +27,9 @@ def _groups(plan: list[tuple[int, list, list]], group_bytes: int,
     size = count = 0
     for entry in plan:
         _, keys, outs = entry
-        if groups and (size >= group_bytes or count + len(keys) > group_keys):
+        if not groups or size >= group_bytes or count + len(keys) > group_keys:
             groups.append([])
             size = count = 0
-        if not groups:
-            groups.append([])
         groups[-1].append(entry)
         size += sum(len(o) for o in outs)
         count += len(keys)

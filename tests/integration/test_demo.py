@@ -69,8 +69,8 @@ def test_full_layer_storage_is_compared_at_the_same_memory_and_for_the_same_hits
     fraction = figures["full_layer_same_hits_fraction"]
     at = lambda f: replay_model(trace, ["full-layer"], [f])[0].hit_rate  # noqa: E731
     assert at(fraction) >= figures["hit_rate"] > at(fraction - 0.001)
-    stored, full = figure(stdout, r"bytes stored ([\d.]+ \w+) .* against ([\d.]+ \w+) that "
-                                  r"full-layer storage writes for the same hits")
+    figure(stdout, r"bytes stored ([\d.]+\w+) .* against ([\d.]+\w+) that "
+                   r"full-layer storage writes for the same hits")
     assert figures["full_layer_stored_bytes"] == replay_model(trace, ["full-layer"],
                                                               [fraction])[0].stored_bytes
     assert figures["stored_bytes"] < figures["full_layer_stored_bytes"]
