@@ -152,7 +152,10 @@ class ClientConfig:
     max_value_size: int = 1 * GiB           # bytes; larger values are refused before any IO
     group_width: int = 2                    # servers one placement group is striped over
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
-    verify_checksum: bool = True            # check xxh3_64 of every value read
+    verify_checksum: bool = True            # check xxh3_64 of every value read over TCP
+    verify_arena_reads: bool = False        # and of values copied straight out of a server's
+                                            # arena (shm, NIXL), which the server hashed at
+                                            # COMMIT (docs/protocol.md, "Checksums")
     token: str | None = None                # cluster token, when the servers require one
     transport: str = "auto"                 # "auto": shm for same-host servers, NIXL where both
                                             # sides have it and this host an RDMA NIC, else

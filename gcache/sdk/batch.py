@@ -12,6 +12,8 @@ links.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from gcache.buffer import nbytes
@@ -20,7 +22,7 @@ from gcache.frame import Status
 from gcache.keys import group_hash
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
-from gcache.sdk.leases import Extent, WriteWindowPassed
+from gcache.sdk.leases import Extent, WriteWindowPassed, copy_held, written
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import ReadResult
 from gcache.sdk.routes import Link
@@ -75,11 +77,12 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes
 
     held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
                                    for a, idx in d.plan(keys, group)]) if h is not None]
+    notices = {id(link): _Notices(d, link) for link, _, _ in held}
     copies = [(link, i, extent) for link, idx, items in held
               for i, extent in zip(idx, items) if isinstance(extent, Extent)]
     retry = chunk > RETRY_CHUNK_MIN
-    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(d, link, e, values[i], retry)
-                          for link, i, e in copies])
+    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(
+        d, link, e, values[i], retry, notices[id(link)].of(e)) for link, i, e in copies])
     late = [i for (_, i, _), digest in zip(copies, digests) if digest is LATE]
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
@@ -113,12 +116,28 @@ def _started(d: Dispatcher, link: Link, n_keys: int, start: Any) -> list[Any] | 
         return _no_staging(d, n_keys, exc)
 
 
-def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any,
-             retry: bool) -> int | Late | None:
+class _Notices:
+    """The in-place WRITE notices of one held link's copies, sent by the IO threads as they
+    copy, so the server hashes each piece as it lands (the single put does the same) instead of
+    the whole value at COMMIT; one at a time, since a connection is not thread-safe."""
+
+    def __init__(self, d: Dispatcher, link: Link) -> None:
+        self._ch = d.channel(link)
+        self._lock = threading.Lock()
+
+    def of(self, extent: Extent) -> Callable[[int, int], None]:
+        def landed(start: int, size: int) -> None:
+            with self._lock:
+                written(self._ch, extent.handle, start, size)
+        return landed
+
+
+def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any, retry: bool,
+             landed: Callable[[int, int], None]) -> int | Late | None:
     """One value's copy into the arena; None (counted as a miss) when it failed, ``LATE``
     (not counted) when its write window had passed and the batch will put it again."""
     try:
-        return link.exchange.copy_in(extent, value)
+        return link.exchange.copy_in(extent, value, landed)
     except WriteWindowPassed as exc:
         if retry:
             log.info("sdk.write_window_passed bytes=%d: put again", extent.length)
@@ -130,13 +149,15 @@ def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any,
         return None
 
 
-def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: Any,
-              verify: bool) -> ReadResult | None:
+def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: Any) -> ReadResult | None:
     """One value's copy out of the arena; None (counted as a miss) when the server named
-    memory outside its arena or the transfer failed."""
+    memory outside its arena, the transfer failed, or the server went during the copy."""
+    verify = d.verifies(link.exchange)
     try:
-        return ReadResult(target, extent.length,
-                          link.exchange.copy_out(extent, target, verify=verify))
+        ok = link.exchange.copy_out(extent, target, verify=verify)
+        if ok and not verify:
+            ok = copy_held(link.conn, extent, target)
+        return ReadResult(target, extent.length, ok)
     except TransportError as exc:
         _copy_failed(d, link, extent, exc)
         return None
@@ -167,9 +188,8 @@ def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Any] 
 def read_one(d: Dispatcher, key: bytes, out: Any,
              group: bytes | None) -> ReadResult | Status | None | Miss:
     """One key's read on its owner, over its link's exchange."""
-    verify = d.config.verify_checksum
     return call_staged(d, d.owner(key, group),
-                       lambda x, ch: x.read(ch, key, out, verify=verify))
+                       lambda x, ch: x.read(ch, key, out, verify=d.verifies(x)))
 
 
 def call_staged(d: Dispatcher, address: str | None, exchange: Any) -> Any:
@@ -197,7 +217,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
     on its own once the batch has let go of its leases: often the batch's own leases were
     what pinned the memory."""
     results: list[Any] = [None] * len(keys)
-    verify, want_bytes = d.config.verify_checksum, outs is None
+    want_bytes = outs is None
     again: list[int] = []
 
     def start(address: str | None, idx: list[int]) -> Held | None:
@@ -207,7 +227,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
             return None
         items = _started(d, link, len(idx), lambda ch: link.exchange.start_reads(
             ch, [keys[i] for i in idx], None if outs is None else [outs[i] for i in idx],
-            verify=verify))
+            verify=d.verifies(link.exchange)))
         if isinstance(items, Miss):
             return None
         if any(isinstance(item, Extent) for item in items):
@@ -228,7 +248,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     try:
         copies = _read_copies(held, outs)
-        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link, e, t, verify)
+        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link, e, t)
                             for link, _, e, t in copies])
         for (_, i, _, _), result in zip(copies, found):
             if result is not None:

@@ -109,6 +109,13 @@ class Dispatcher:
         ring, address_of = self._placement
         return sorted(address_of[sid] for sid in ring.live)
 
+    def verifies(self, exchange: Exchange) -> bool:
+        """Whether reads over ``exchange`` hash the bytes they land: always bytes that came in
+        a reply, bytes copied out of an arena only with ``verify_arena_reads`` (the server
+        hashed them at COMMIT; ``leases.copy_held`` checks that the lease held instead)."""
+        cfg = self.config
+        return cfg.verify_checksum and (cfg.verify_arena_reads or not exchange.reads_arena)
+
     def owner(self, key: bytes, group: bytes | None) -> str | None:
         return self._owners(group)(key)
 
@@ -159,13 +166,16 @@ class Dispatcher:
     def run(self, link: Link, fn: Callable[[Channel], T], n_keys: int) -> T | Miss:
         """Run ``fn`` on ``link``; on failure the link is closed and the keys counted as misses."""
         try:
-            return fn(Channel(link.conn, timeout_s=self.config.timeout_s,
-                              max_value_size=self.config.max_value_size))
+            return fn(self.channel(link))
         except (TransportError, ProtocolError, ServerError) as exc:
             return self._failed(link, link.address, exc, n_keys)
         except BaseException:
             link.close()              # a bad ``out`` (or a bug) may leave a reply half read
             raise
+
+    def channel(self, link: Link) -> Channel:
+        return Channel(link.conn, timeout_s=self.config.timeout_s,
+                       max_value_size=self.config.max_value_size)
 
     def release(self, link: Link) -> None:
         self.pool.release(link)

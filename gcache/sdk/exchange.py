@@ -17,7 +17,7 @@ pinned staging in time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gcache.frame import Status
@@ -30,6 +30,7 @@ WriteItem = Extent | Status
 
 class Exchange(Protocol):
     name: str                    # "tcp", "shm" or "nixl": what stats and logs call the route
+    reads_arena: bool            # reads copy out of the server's arena (not from its replies)
 
     def read(self, ch: Channel, key: bytes, out: Any, *,
              verify: bool) -> ReadResult | Status | None:
@@ -56,8 +57,10 @@ class Exchange(Protocol):
                      group: int, flags: int = 0) -> list[WriteItem]:
         """A batch write's first phase: per key a final status, or an Extent for ``copy_in``."""
 
-    def copy_in(self, extent: Extent, value: Any) -> int:
-        """One value into its allocated extent; its checksum."""
+    def copy_in(self, extent: Extent, value: Any,
+                landed: Callable[[int, int], None] | None = None) -> int:
+        """One value into its allocated extent; its checksum. ``landed(start, size)``, called
+        as each piece has landed, lets the server hash it meanwhile (``leases.written``)."""
 
     def end_writes(self, ch: Channel, handles: Sequence[int],
                    digests: Sequence[int]) -> list[Status]:

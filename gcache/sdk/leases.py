@@ -6,6 +6,11 @@ those transports; the frames and their rules do not.
 
 Batches lease with one request per server and allocate and commit with a bounded pipeline of
 requests. RELEASE never waits for a reply: it costs a send, not a round trip.
+
+A copy out of an arena is not hashed again by default (``ClientConfig.verify_arena_reads``):
+the server hashed those bytes when they were committed, and while the lease holds they cannot
+change. What stands in for the hash is checking that the lease did hold through the copy
+(``copy_held``): the server is still there, and the copy ended within the lease window.
 """
 
 from __future__ import annotations
@@ -14,30 +19,32 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gcache.buffer import nbytes
-from gcache.errors import IOTimeout, ProtocolError
+from gcache.buffer import is_cuda_tensor, nbytes
+from gcache.errors import ConnectionLost, IOTimeout, ProtocolError
 from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
                           encode_keys, raise_for_status)
+from gcache.keys import checksum
 from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
+from gcache.transport.stream import StreamConnection
 
 PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
 
 
 @dataclass(frozen=True, slots=True)
 class Extent:
-    """Where a leased or allocated value lives in the arena; ``write_by_s`` (monotonic) is
-    when an allocated extent stops being safe to write (half the server's lease TTL after the
-    ALLOC was sent)."""
+    """Where a leased or allocated value lives in the arena; ``until_s`` (monotonic) is when
+    the extent stops being safe to read or write: half the server's lease TTL after the LEASE
+    or ALLOC was sent, after which the server may hand its memory to another value."""
 
     handle: int
     offset: int
     length: int
     checksum: int = 0
-    write_by_s: float = math.inf
+    until_s: float = math.inf
 
 
 class WriteWindowPassed(IOTimeout):
@@ -46,13 +53,29 @@ class WriteWindowPassed(IOTimeout):
 
 
 def check_window(extent: Extent) -> None:
-    if time.monotonic() > extent.write_by_s:
+    if time.monotonic() > extent.until_s:
         raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
 
 
-def lease(ch: Channel, key: bytes) -> Extent | Status | None:
+def copy_held(conn: StreamConnection, extent: Extent, out: Any) -> bool:
+    """Whether an unhashed copy of a leased value landed the value's bytes: raises
+    ConnectionLost when the server is gone (it may have died during the copy, and a server
+    restarted on the same arena may have given the extent to a new value), and hashes what
+    landed when the copy ended past the lease window (the TTL may have dropped the lease)."""
+    if conn.peer_closed():
+        raise ConnectionLost(f"{conn.peer} closed while a {extent.length}-byte value was copied")
+    if time.monotonic() <= extent.until_s:
+        return True
+    if is_cuda_tensor(out):
+        from gcache.transport.cuda import cuda_digest
+        return cuda_digest(out, extent.length) == extent.checksum
+    return checksum(memoryview(out).cast("B")[:extent.length]) == extent.checksum
+
+
+def lease(ch: Channel, key: bytes, *, window_s: float) -> Extent | Status | None:
     """One LEASE: the value's extent, None when absent, NO_SPACE when it is on the server's
     disk with no room in memory to bring it up now."""
+    asked_s = time.monotonic()
     reply = ch.reply(ch.request(Op.LEASE, key=key))
     if reply.status == Status.NO_SPACE:
         return Status.NO_SPACE
@@ -60,12 +83,14 @@ def lease(ch: Channel, key: bytes) -> Extent | Status | None:
     if reply.status == Status.NOT_FOUND:
         return None
     ch.check_value_length(reply.length)
-    return Extent(reply.handle, reply.offset, reply.length, reply.checksum)
+    return Extent(reply.handle, reply.offset, reply.length, reply.checksum, asked_s + window_s)
 
 
-def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | Status | None]:
+def lease_many(ch: Channel, keys: Sequence[bytes], *,
+               window_s: float) -> list[Extent | Status | None]:
     """One BATCH_LEASE; None for each absent key, NO_SPACE for each the server could not bring
     up from disk now."""
+    until_s = time.monotonic() + window_s
     reply = ch.reply(ch.request(Op.BATCH_LEASE, payload=(encode_keys(keys),), count=len(keys)))
     raise_for_status(reply, "BATCH_LEASE")
     raw = ch.payload(reply, limit=len(keys) * LEASE_ENTRY.size)
@@ -76,7 +101,7 @@ def lease_many(ch: Channel, keys: Sequence[bytes]) -> list[Extent | Status | Non
         status, handle, offset, length, csum = LEASE_ENTRY.unpack_from(raw, i * LEASE_ENTRY.size)
         if status == Status.OK:
             ch.check_value_length(length)
-            extents.append(Extent(handle, offset, length, csum))
+            extents.append(Extent(handle, offset, length, csum, until_s))
         else:
             extents.append(Status.NO_SPACE if status == Status.NO_SPACE else None)
     return extents
@@ -114,23 +139,23 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, grou
                window_s: float, flags: int = 0) -> list[Extent | Status]:
     """Pipelined ALLOCs; NO_SPACE where the server had no room."""
     extents: list[Extent | Status] = []
-    write_by_s = time.monotonic() + window_s
+    until_s = time.monotonic() + window_s
     requests = [dict(key=k, length=size, handle=group, flags=flags)
                 for k, size in zip(keys, sizes)]
     for n, reply in enumerate(_pipelined(ch, requests, Op.ALLOC)):
         raise_for_status_except_space(reply, "ALLOC")
-        extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], write_by_s)
+        extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], until_s)
                        if reply.status == Status.OK else Status.NO_SPACE)
     return extents
 
 
-def _allocated(handle: int, offset: int, length: int, asked: int, write_by_s: float) -> Extent:
-    """The extent an ALLOC reply names, writable until ``write_by_s`` (counted from when the
+def _allocated(handle: int, offset: int, length: int, asked: int, until_s: float) -> Extent:
+    """The extent an ALLOC reply names, writable until ``until_s`` (counted from when the
     request was sent: the server's TTL starts later, never earlier); ProtocolError when the
     server answered another length than asked for."""
     if length != asked:
         raise ProtocolError(f"ALLOC of {asked} bytes answered with {length}")
-    return Extent(handle, offset, length, write_by_s=write_by_s)
+    return Extent(handle, offset, length, until_s=until_s)
 
 
 def commit(ch: Channel, handle: int, digest: int) -> Status:
@@ -165,44 +190,53 @@ def _pipelined(ch: Channel, requests: list[dict], op: Op) -> Iterator:
 
 
 class LeasedExchange(ABC):
-    """An ``Exchange`` over leases: subclasses move the bytes and set ``write_window_s``."""
+    """An ``Exchange`` over leases: subclasses move the bytes and set ``lease_window_s``."""
 
-    write_window_s: float
+    lease_window_s: float
+    reads_arena = True
 
     @abstractmethod
     def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
         """One leased value into ``out``; False when its checksum does not hold."""
 
     @abstractmethod
-    def copy_in(self, extent: Extent, value: Any) -> int:
-        """One value into its allocated extent; its checksum."""
+    def copy_in(self, extent: Extent, value: Any,
+                landed: Callable[[int, int], None] | None = None) -> int:
+        """One value into its allocated extent; its checksum. ``landed(start, size)`` is
+        called as each piece has landed."""
 
     def read(self, ch: Channel, key: bytes, out: Any, *,
              verify: bool) -> ReadResult | Status | None:
         """LEASE, copy, RELEASE."""
-        extent = lease(ch, key)
+        extent = lease(ch, key, window_s=self.lease_window_s)
         if not isinstance(extent, Extent):
             return extent
         try:
             target = memoryview(bytearray(extent.length)) if out is None else out
             check_fits(nbytes(target), extent.length, "out")
             ok = self.copy_out(extent, target, verify=verify)
+            if ok and not verify:
+                ok = copy_held(ch.conn, extent, target)
         finally:
             release(ch, [extent.handle])
         return ReadResult(target, extent.length, ok)
 
     def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
               flags: int = 0) -> Status:
-        """ALLOC, copy, COMMIT (the server hashes the arena bytes and compares)."""
-        extent = alloc(ch, key, nbytes(value), group=group, window_s=self.write_window_s,
+        """ALLOC, copy, COMMIT. Each piece that has landed is announced with a no-reply
+        in-place WRITE, so the server hashes it while the next one is copied and COMMIT finds
+        its hash of the arena bytes nearly done; COMMIT compares it with ours."""
+        extent = alloc(ch, key, nbytes(value), group=group, window_s=self.lease_window_s,
                        flags=flags)
         if not isinstance(extent, Extent):
             return extent
-        return commit(ch, extent.handle, self.copy_in(extent, value))
+        digest = self.copy_in(extent, value,
+                              lambda start, size: written(ch, extent.handle, start, size))
+        return commit(ch, extent.handle, digest)
 
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
                     verify: bool) -> list[Extent | Status | None]:
-        return lease_many(ch, keys)
+        return lease_many(ch, keys, window_s=self.lease_window_s)
 
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         release(ch, handles)
@@ -210,7 +244,7 @@ class LeasedExchange(ABC):
     def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
                      group: int, flags: int = 0) -> list[Extent | Status]:
         return alloc_many(ch, keys, [nbytes(v) for v in values], group=group, flags=flags,
-                          window_s=self.write_window_s)
+                          window_s=self.lease_window_s)
 
     def end_writes(self, ch: Channel, handles: Sequence[int],
                    digests: Sequence[int]) -> list[Status]:

@@ -6,8 +6,10 @@ reads or writes it directly, as ``io_size`` requests a few at a time, each piece
 the others travel; a CUDA tensor registered as VRAM is GPU Direct. Any other host
 buffer moves through the client's bounce slots, one ``io_size`` piece at a time, copied (and
 hashed) while the piece is cache-warm; any other CUDA tensor is staged through pinned host
-memory first, as on TCP. Checksums hold on every path: reads hash what landed, writes hash the
-value before it leaves and COMMIT has the server hash the arena bytes.
+memory first, as on TCP. Writes hash the value before it leaves and COMMIT has the server hash
+the arena bytes; reads hash what landed only with ``verify_arena_reads`` (``gcache.sdk.leases``
+says what stands in for it), since the server hashed those bytes at COMMIT and RDMA's own
+end-to-end CRC covers the wire.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ import numpy as np
 
 from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ProtocolError
-from gcache.frame import Status
 from gcache.keys import checksum_stream
-from gcache.sdk import leases
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
-from gcache.sdk.protocol import Channel, ReadResult
+from gcache.sdk.protocol import ReadResult
 from gcache.sdk.tcp_staging import TcpStaged
 from gcache.transport.nixl import BounceSlots, NixlAgent, Region
 
@@ -35,12 +35,12 @@ class NixlExchange(LeasedExchange):
     name = "nixl"
 
     def __init__(self, agent: NixlAgent, bounce: BounceSlots, *, remote: str, metadata: bytes,
-                 arena_address: int, arena_bytes: int, write_window_s: float, io_size: int,
+                 arena_address: int, arena_bytes: int, lease_window_s: float, io_size: int,
                  timeout_s: float, staging: Callable[[], Any]) -> None:
         self.agent, self.bounce = agent, bounce
         self.remote, self.metadata = remote, metadata
         self.arena_address, self.arena_bytes = arena_address, arena_bytes
-        self.write_window_s = write_window_s
+        self.lease_window_s = lease_window_s
         self._io_size, self._timeout_s = io_size, timeout_s
         self._staging = staging
 
@@ -61,38 +61,22 @@ class NixlExchange(LeasedExchange):
         from gcache.transport.cuda import cuda_digest
         return cuda_digest(out, extent.length) == extent.checksum
 
-    def copy_in(self, extent: Extent, value: Any) -> int:
+    def copy_in(self, extent: Extent, value: Any,
+                landed: Callable[[int, int], None] | None = None) -> int:
         remote = self._remote_of(extent)
         if is_cuda_tensor(value):
             region = self._registered(value, extent.length)
             if region is None:
                 with TcpStaged(self._staging) as staged:        # unregistered GPU memory
-                    return self._write_host(remote, extent, staged.value(value))
+                    return self._write_host(remote, extent, staged.value(value), landed)
             from gcache.transport.cuda import cuda_digest
             digest = cuda_digest(value, extent.length)
             check_window(extent)
             self._move("WRITE", region, remote, extent.length)
+            if landed is not None:
+                landed(0, extent.length)
             return digest
-        return self._write_host(remote, extent, value)
-
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
-              flags: int = 0) -> Status:
-        """ALLOC, WRITE, COMMIT; each piece of a registered host value that has landed is
-        announced with a no-reply in-place WRITE, so the server hashes it while the next one
-        travels and COMMIT finds its hash nearly done."""
-        extent = leases.alloc(ch, key, nbytes(value), group=group,
-                              window_s=self.write_window_s, flags=flags)
-        if not isinstance(extent, Extent):
-            return extent
-
-        def landed(start: int, size: int) -> None:
-            leases.written(ch, extent.handle, start, size)
-
-        if is_cuda_tensor(value):
-            digest = self.copy_in(extent, value)
-        else:
-            digest = self._write_host(self._remote_of(extent), extent, value, landed)
-        return leases.commit(ch, extent.handle, digest)
+        return self._write_host(remote, extent, value, landed)
 
     # ---- host buffers -----------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ class NixlPeers:
                 self._agent = agent
             return self._agent, self._bounce
 
-    def exchange(self, address: str, facts: dict, *, write_window_s: float) -> NixlExchange:
+    def exchange(self, address: str, facts: dict, *, lease_window_s: float) -> NixlExchange:
         """The exchange for the server whose HELLO ``facts`` these are. Raises ProtocolError
         for a malformed ``nixl`` fact, ConnectFailed when its agent cannot be added."""
         metadata, arena_address = _nixl_fact(address, facts)
@@ -56,7 +56,7 @@ class NixlPeers:
         remote = self._add(address, agent, metadata)
         exchange = NixlExchange(agent, bounce, remote=remote, metadata=metadata,
                                 arena_address=arena_address, arena_bytes=facts["arena_bytes"],
-                                write_window_s=write_window_s, io_size=self._io_size,
+                                lease_window_s=lease_window_s, io_size=self._io_size,
                                 timeout_s=self._timeout_s, staging=self._staging)
         with self._lock:
             self._exchanges[address] = exchange

@@ -153,7 +153,7 @@ class Routes:
             return Link(conn, self._tcp_exchange, address)
         try:
             ttl_s = facts.get("lease_ttl_ms", 5000) / 1000
-            return Link(conn, self._nixl.exchange(address, facts, write_window_s=ttl_s / 2),
+            return Link(conn, self._nixl.exchange(address, facts, lease_window_s=ttl_s / 2),
                         address)
         except BaseException:
             conn.close()
@@ -222,7 +222,7 @@ class Routes:
                 return known
         ttl_s = facts.get("lease_ttl_ms", 5000) / 1000
         exchange = ShmExchange(ArenaMapping(fds[0], facts["arena_bytes"], facts["arena_id"],
-                                            write_window_s=ttl_s / 2))
+                                            lease_window_s=ttl_s / 2))
         with self._lock:
             self._shm[address] = exchange
         return exchange

@@ -1,24 +1,23 @@
 """The client side of same-host exchanges: small frames on the Unix socket, values copied once
 between the caller's buffer and the server's mapped arena.
 
-Read: LEASE -> copy out of the mapping (hashing as it goes) -> RELEASE without a reply, so the
-release costs a send, not a round trip. Write: ALLOC -> copy in (hashing), announcing each chunk
-with a no-reply in-place WRITE so the server hashes it meanwhile -> COMMIT, whose reply says
-whether the server's own hash of the arena bytes matched ours. The frames are
-``gcache.sdk.leases``'; a batch's copies are separate steps (``copy_out`` / ``copy_in``) so that
-the client runs them on its IO threads in parallel.
+Read: LEASE -> copy out of the mapping (not hashed again unless ``verify_arena_reads``: the
+server hashed those bytes at COMMIT) -> RELEASE without a reply, so the release costs a send,
+not a round trip. Write: ALLOC -> copy in (hashing), announcing each chunk with a no-reply
+in-place WRITE so the server hashes it meanwhile -> COMMIT, whose reply says whether the
+server's own hash of the arena bytes matched ours. The frames are ``gcache.sdk.leases``'; a
+batch's copies are separate steps (``copy_out`` / ``copy_in``) so that the client runs them on
+its IO threads in parallel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from gcache.buffer import is_cuda_tensor, nbytes
-from gcache.frame import Status
+from gcache.buffer import is_cuda_tensor
 from gcache.keys import checksum_stream
-from gcache.sdk import leases
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
-from gcache.sdk.protocol import Channel
 from gcache.transport.cuda import read_into_cuda, write_from_cuda
 from gcache.transport.shm import COPY_CHUNK, ArenaMapping
 
@@ -28,32 +27,7 @@ class ShmExchange(LeasedExchange):
 
     def __init__(self, mapping: ArenaMapping) -> None:
         self.mapping = mapping
-        self.write_window_s = mapping.write_window_s
-
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
-              flags: int = 0) -> Status:
-        """ALLOC, copy, COMMIT.
-
-        After each copied chunk an in-place WRITE notice (no reply) lets the server hash that
-        chunk while the next one is copied, so COMMIT finds its hash nearly done instead of
-        re-reading the whole value.
-        """
-        extent = leases.alloc(ch, key, nbytes(value), group=group,
-                              window_s=self.write_window_s, flags=flags)
-        if not isinstance(extent, Extent):
-            return extent
-        if is_cuda_tensor(value):
-            digest = self.copy_in(extent, value)
-            leases.written(ch, extent.handle, 0, extent.length)
-        else:
-            hasher = checksum_stream()
-            for start in range(0, extent.length, COPY_CHUNK):
-                check_window(extent)
-                piece = value[start:start + COPY_CHUNK]
-                self.mapping.write_from(extent.offset + start, piece, hasher)
-                leases.written(ch, extent.handle, start, len(piece))
-            digest = hasher.intdigest()
-        return leases.commit(ch, extent.handle, digest)
+        self.lease_window_s = mapping.lease_window_s
 
     def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
         """Copy a leased value into ``out``; False when its checksum does not hold."""
@@ -64,17 +38,22 @@ class ShmExchange(LeasedExchange):
             self.mapping.read_into(extent.offset, out[:extent.length], hasher)
         return hasher is None or hasher.intdigest() == extent.checksum
 
-    def copy_in(self, extent: Extent, value: Any) -> int:
-        """Copy ``value`` into an allocated extent; returns its checksum. Raises
-        WriteWindowPassed, before each chunk, once the extent's write window is over."""
+    def copy_in(self, extent: Extent, value: Any,
+                landed: Callable[[int, int], None] | None = None) -> int:
+        """Copy ``value`` into an allocated extent, calling ``landed(start, size)`` after each
+        chunk; returns its checksum. Raises WriteWindowPassed, before each chunk, once the
+        extent's write window is over."""
         hasher = checksum_stream()
         if is_cuda_tensor(value):
             check_window(extent)
             write_from_cuda(self.mapping, extent.offset, value, hasher)
+            if landed is not None:
+                landed(0, extent.length)
             return hasher.intdigest()
         for start in range(0, extent.length, COPY_CHUNK):
             check_window(extent)
-            self.mapping.write_from(extent.offset + start, value[start:start + COPY_CHUNK],
-                                    hasher)
+            piece = value[start:start + COPY_CHUNK]
+            self.mapping.write_from(extent.offset + start, piece, hasher)
+            if landed is not None:
+                landed(start, len(piece))
         return hasher.intdigest()
-

@@ -19,6 +19,7 @@ from gcache.sdk.tcp_staging import TcpStaged
 
 class TcpExchange:
     name = "tcp"
+    reads_arena = False
 
     def __init__(self, *, io_size: int, staging: Callable[[], Any]) -> None:
         self._io_size = io_size
@@ -59,7 +60,7 @@ class TcpExchange:
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         """Nothing is leased over TCP: values came with the reply."""
 
-    def copy_in(self, extent: Extent, value: Any) -> int:
+    def copy_in(self, extent: Extent, value: Any, landed: Any = None) -> int:
         raise ProtocolError("a TCP exchange has no extents to copy into")
 
     def end_writes(self, ch: Channel, handles: Sequence[int],

@@ -79,6 +79,8 @@ class TierCounters:
     demoted_objects: int = 0       # written to the cold tier on their way out of memory
     promoted_objects: int = 0      # read back from the cold tier into memory
     second_chances: int = 0        # re-appended instead of demoted, because they were read
+    whole_hashes: int = 0          # commits that hashed the whole value at COMMIT (its pieces
+                                   # were not announced in order as they landed)
 
 
 class HotTier:
@@ -189,12 +191,14 @@ class HotTier:
                     self._pins[handle] = pin
                 raise InvalidRequest(f"handle {handle} is not a write in flight")
         entry = pin.entry
-        if pin.hasher is not None and pin.hashed == entry.length and not pin.hashing:
+        streamed = pin.hasher is not None and pin.hashed == entry.length and not pin.hashing
+        if streamed:
             actual = pin.hasher.intdigest()
         else:
             actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
         with self._lock:
             entry.head.pins -= 1
+            self.counters.whole_hashes += not streamed
             if actual != expected:
                 self.counters.checksum_failures += 1
                 raise ChecksumMismatch(f"value of {entry.length} bytes hashes to {actual:#x}, "

@@ -121,7 +121,7 @@ class ArenaMapping:
     """
 
     def __init__(self, fd: int, size_bytes: int, arena_id: str, *,
-                 write_window_s: float = 2.5) -> None:
+                 lease_window_s: float = 2.5) -> None:
         try:
             # Mapped past the file's end, a read would be a SIGBUS, not an error: a server
             # that names a larger arena than the descriptor holds is refused.
@@ -137,9 +137,9 @@ class ArenaMapping:
             os.close(fd)
         self.size_bytes = size_bytes
         self.arena_id = arena_id
-        # How long after ALLOC this client may still write into an extent: half the server's
-        # lease TTL, after which the server may reclaim the extent for someone else's value.
-        self.write_window_s = write_window_s
+        # How long after LEASE or ALLOC this client may still read or write an extent: half the
+        # server's lease TTL, after which it may reclaim the extent for someone else's value.
+        self.lease_window_s = lease_window_s
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)
         self.cuda_registered = False
 

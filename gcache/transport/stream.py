@@ -13,6 +13,7 @@ TCP_USER_TIMEOUT), however much the local send buffer still takes.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import time
@@ -24,6 +25,7 @@ from gcache.keys import Hasher
 _READ_AHEAD = 16 * 1024      # bytes a small read may pull in at once
 _DIRECT_MIN = 4 * 1024       # reads at least this large skip the read-ahead buffer
 _TIMEVAL = struct.Struct("@ll")
+_PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 
 
 class StreamConnection:
@@ -187,6 +189,17 @@ class StreamConnection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def peer_closed(self) -> bool:
+        """Whether the peer has shut its end or died (a zero-wait poll; nothing is read)."""
+        if self._closed:
+            return True
+        poller = select.poll()
+        poller.register(self._sock, _PEER_GONE)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return True
 
     def send_fds(self, frames: Sequence[bytes | memoryview], fds: Sequence[int], *,
                  timeout_s: float | None) -> None:

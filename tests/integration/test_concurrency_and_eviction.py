@@ -109,11 +109,11 @@ def test_values_whose_write_window_passed_are_put_once_more(cluster_factory, mon
     cluster = cluster_factory(1)
     original, refused = ShmExchange.copy_in, set()
 
-    def late_once(self, extent, value):
+    def late_once(self, extent, value, landed=None):
         if bytes(value[:4]) not in refused:
             refused.add(bytes(value[:4]))
             raise WriteWindowPassed("the machine was busy")
-        return original(self, extent, value)
+        return original(self, extent, value, landed)
 
     monkeypatch.setattr(ShmExchange, "copy_in", late_once)
     keys = [f"late{i}" for i in range(40)]

@@ -251,7 +251,8 @@ def test_a_full_disk_evicts_and_the_server_keeps_serving(small_disk, cluster_fac
 
 def test_a_flipped_byte_in_the_arena_is_never_demoted_or_returned(cluster_factory, tmp_path):
     cluster = tiered(cluster_factory, tmp_path / "disk")
-    with Client(cluster.addresses, timeout_s=3.0) as client:
+    # verify_arena_reads: a same-host reader hashes arena bytes only when asked to
+    with Client(cluster.addresses, timeout_s=3.0, verify_arena_reads=True) as client:
         assert client.put("victim", value(7))
         with open(f"/dev/shm/{cluster.servers[0].shm_name}", "r+b") as f:
             arena = f.read()

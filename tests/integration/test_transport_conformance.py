@@ -135,6 +135,21 @@ def test_batches_span_both_servers_with_absent_keys_among_them(client):
     assert client.stats()["misses_by_reason"]["absent"] == 2      # exists is no miss
 
 
+def test_every_put_is_hashed_as_it_lands_not_again_at_commit(client):
+    """Single and batch puts announce (shm, NIXL) or stream (TCP) their pieces in order, so
+    the server hashes each as it lands and COMMIT finds the value's hash done."""
+    def whole_hashes() -> int:
+        return sum(s["tier"]["whole_hashes"] for s in client.server_stats().values())
+
+    before = whole_hashes()
+    keys = [key("streamed") for _ in range(12)]
+    values = [data(size, i) for i, size in enumerate([1, 4099, 3 << 20] * 4)]
+    assert all(client.put(k, v) for k, v in zip(keys[:3], values[:3]))
+    assert client.batch_put(keys[3:], values[3:]) == [True] * 9
+    assert whole_hashes() == before
+    assert client.batch_get(keys) == values
+
+
 def test_an_out_smaller_than_the_value_is_a_clear_error_and_the_link_recovers(client):
     k = key()
     assert client.put(k, data(5000, 1))
@@ -158,15 +173,61 @@ def _flip_stored_byte(cluster: LocalCluster, value: bytes) -> None:
     raise AssertionError("the value is in no arena")
 
 
-def test_a_corrupted_value_is_a_checksum_miss_never_wrong_bytes(client, link):
-    value, k = data(200_000, 1000 + next(_keys)), key("corrupt")   # no copy of it elsewhere
-    assert client.put(k, value)
-    _flip_stored_byte(link[1], value)
-    assert client.get(k) is None
-    assert client.get_into(k, bytearray(len(value))) is None
-    assert client.batch_get([k]) == [None]
-    assert client.stats()["misses_by_reason"]["checksum"] == 3
-    assert client.put(k, value) and client.get(k) == value      # a rewrite heals it
+def test_a_corrupted_value_is_a_checksum_miss_never_wrong_bytes(link):
+    """Over TCP always; out of an arena (shm, NIXL) when the client hashes arena reads too
+    (``verify_arena_reads``; by default the server's hash at COMMIT stands)."""
+    transport, cluster = link
+    with Client(cluster.addresses, timeout_s=5.0, transport=transport, token=TOKEN,
+                verify_arena_reads=True) as client:
+        value, k = data(200_000, 1000 + next(_keys)), key("corrupt")   # no copy elsewhere
+        assert client.put(k, value)
+        _flip_stored_byte(cluster, value)
+        assert client.get(k) is None
+        assert client.get_into(k, bytearray(len(value))) is None
+        assert client.batch_get([k]) == [None]
+        assert client.stats()["misses_by_reason"]["checksum"] == 3
+        assert client.put(k, value) and client.get(k) == value      # a rewrite heals it
+
+
+def test_an_arena_copy_that_outlived_its_lease_is_hashed_after_all(client, link,
+                                                                     monkeypatch):
+    """An unhashed arena read is sound only while the lease holds; a copy that ended past
+    the lease window is hashed once it has landed: a changed byte is then a checksum miss,
+    an intact value still a hit."""
+    only(client, "shm", "nixl")
+    from gcache.sdk import leases
+    original = leases.Extent.__init__
+
+    def expired(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.checksum:                                # leased, not allocated
+            object.__setattr__(self, "until_s", 0.0)
+
+    good, bad = data(100_000, 7), data(150_000, 2000 + next(_keys))
+    kg, kb = key("late-good"), key("late-bad")
+    assert client.put(kg, good) and client.put(kb, bad)
+    _flip_stored_byte(link[1], bad)
+    monkeypatch.setattr(leases.Extent, "__init__", expired)
+    assert client.get(kg) == good and client.batch_get([kg]) == [good]
+    assert client.get(kb) is None and client.batch_get([kb]) == [None]
+    assert client.stats()["misses_by_reason"]["checksum"] == 2
+
+
+def test_an_arena_copy_whose_server_went_meanwhile_is_a_miss(link, monkeypatch):
+    """A server that closed its end while a value was copied out of its arena may have been
+    restarted on that arena and handed the extent to a new value: the copy is a miss."""
+    transport, cluster = link
+    with Client(cluster.addresses, timeout_s=5.0, transport=transport, token=TOKEN,
+                suspect_s=0) as client:              # the second read must not be skipped
+        only(client, "shm", "nixl")
+        from gcache.transport.stream import StreamConnection
+        k = key("gone")
+        assert client.put(k, data(50_000, 9))
+        monkeypatch.setattr(StreamConnection, "peer_closed", lambda self: True)
+        assert client.get(k) is None and client.batch_get([k]) == [None]
+        assert client.stats()["misses_by_reason"]["connection_lost"] == 2
+        monkeypatch.undo()
+        assert client.get(k) == data(50_000, 9)
 
 
 def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch):
@@ -180,7 +241,7 @@ def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch
     exchange = {"shm": ShmExchange, "nixl": NixlExchange}[transport]
     original, tries = exchange.copy_in, []
 
-    def late(self, extent, value):
+    def late(self, extent, value, landed=None):
         tries.append(extent.handle)
         raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
 

@@ -155,7 +155,8 @@ def test_a_corrupted_part_is_a_miss_and_is_dropped_so_the_page_can_be_saved_agai
         cluster_factory):
     import mmap
     cluster = cluster_factory(1)
-    with Client(cluster.addresses, timeout_s=2.0) as client:
+    # a same-host reader hashes arena bytes only when asked to (docs/protocol.md, Checksums)
+    with Client(cluster.addresses, timeout_s=2.0, verify_arena_reads=True) as client:
         store = EnginePages(client, "test/corrupt", {"model": "m"})
         store.add_pool("kv", layout="page_first")
         keys = [f"{i:064x}" for i in range(50, 52)]
