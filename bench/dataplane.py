@@ -28,13 +28,13 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import write_results  # noqa: E402
+from timing import threaded_gbps  # noqa: E402
 import nixl_bare  # noqa: E402
 from baselines import (RedisServer, memcpy_gbps, memcpy_threads_gbps, raw_socket_gbps,  # noqa: E402
                        raw_socket_p50_ms, redis_gbps)
@@ -48,25 +48,6 @@ MiB = 1 << 20
 
 def best_of(repeat: int, fn) -> float:
     return max(fn() for _ in range(repeat))
-
-
-def threaded_gbps(n_threads: int, per_thread_ops: int, size: int, op) -> float:
-    """Run ``op(thread_index, i)`` per_thread_ops times in each of n_threads; total GB/s."""
-    barrier = threading.Barrier(n_threads + 1)
-
-    def worker(t: int) -> None:
-        barrier.wait()
-        for i in range(per_thread_ops):
-            op(t, i)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return n_threads * per_thread_ops * size / (time.perf_counter() - start) / 1e9
 
 
 def gcache_figures(client: Client, size: int, repeat: int, total_bytes: int) -> dict[str, float]:

@@ -21,10 +21,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import threaded_gbps  # noqa: E402
 
 MiB = 1 << 20
 
@@ -87,24 +89,6 @@ class MooncakeCluster:
             time.sleep(0.2)
         store.remove("probe")
         return store, probe
-
-
-def threaded_gbps(n_threads: int, per_thread_ops: int, size: int, op) -> float:
-    barrier = threading.Barrier(n_threads + 1)
-
-    def worker(t: int) -> None:
-        barrier.wait()
-        for i in range(per_thread_ops):
-            op(t, i)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return n_threads * per_thread_ops * size / (time.perf_counter() - start) / 1e9
 
 
 def figures(store, size: int, repeat: int, total_bytes: int) -> dict[str, float]:
