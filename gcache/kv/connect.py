@@ -23,6 +23,8 @@ SETTINGS = {
     "timeout_ms": "milliseconds one IO may take before it is a miss (default 200)",
     "transport": "auto (shm for same-host servers, else tcp), tcp or shm",
     "io_threads": "SDK IO threads (default 4)",
+    "verify_arena_reads": "true: also hash values copied out of a server's arena (shm, NIXL); "
+                          "default false: the server hashed them at COMMIT (docs/protocol.md)",
     "group_width": "servers one placement group is striped over (default 2)",
     "namespace": "an extra label that separates tenants sharing one cluster",
     "async_load_tokens": "vLLM: hits of more tokens than this load asynchronously, beside the "
@@ -73,6 +75,11 @@ def client_from_settings(settings: Mapping[str, Any]) -> Client:
     for name in ("token", "transport"):
         if settings.get(name) is not None:
             kwargs[name] = str(settings[name])
+    if "verify_arena_reads" in settings:
+        value = settings["verify_arena_reads"]
+        if not isinstance(value, bool):
+            raise ConfigError(PREFIX + "verify_arena_reads", value, "must be true or false")
+        kwargs["verify_arena_reads"] = value
     try:
         if servers:
             return Client(list(servers), **kwargs)

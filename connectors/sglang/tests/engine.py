@@ -34,12 +34,13 @@ class Engine:
 
     def __init__(self, model: pathlib.Path, servers: list[str], log_dir: pathlib.Path, *,
                  tp: int = 1, layout: str = "page_first_direct", attach_later: bool = False,
-                 storage_args: tuple[str, ...] | None = None) -> None:
+                 storage_args: tuple[str, ...] | None = None,
+                 backend_extra: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # a generous IO timeout: the test machine's two cores also run other engines
         self.backend_config = {**BACKEND, "gcache_servers": ",".join(servers),
-                               "gcache_timeout_ms": 2000}
+                               "gcache_timeout_ms": 2000, **(backend_extra or {})}
         args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
                 "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                 "--port", str(self.port), "--disable-overlap-schedule",
