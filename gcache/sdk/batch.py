@@ -22,7 +22,7 @@ from gcache.frame import Status
 from gcache.keys import group_hash
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Miss
-from gcache.sdk.leases import Extent, WriteWindowPassed, copy_held, written
+from gcache.sdk.leases import Extent, WriteWindowPassed, copied, written
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import ReadResult
 from gcache.sdk.routes import Link
@@ -152,12 +152,9 @@ def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any, retry: bool,
 def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: Any) -> ReadResult | None:
     """One value's copy out of the arena; None (counted as a miss) when the server named
     memory outside its arena, the transfer failed, or the server went during the copy."""
-    verify = d.verifies(link.exchange)
     try:
-        ok = link.exchange.copy_out(extent, target, verify=verify)
-        if ok and not verify:
-            ok = copy_held(link.conn, extent, target)
-        return ReadResult(target, extent.length, ok)
+        return ReadResult(target, extent.length, copied(
+            link.exchange, link.conn, extent, target, verify=d.verifies(link.exchange)))
     except TransportError as exc:
         _copy_failed(d, link, extent, exc)
         return None

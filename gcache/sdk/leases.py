@@ -72,6 +72,13 @@ def copy_held(conn: StreamConnection, extent: Extent, out: Any) -> bool:
     return checksum(memoryview(out).cast("B")[:extent.length]) == extent.checksum
 
 
+def copied(exchange: Any, conn: StreamConnection, extent: Extent, out: Any, *,
+           verify: bool) -> bool:
+    """``exchange.copy_out`` of a leased value; unhashed, it holds only if ``copy_held``."""
+    ok = exchange.copy_out(extent, out, verify=verify)
+    return copy_held(conn, extent, out) if ok and not verify else ok
+
+
 def lease(ch: Channel, key: bytes, *, window_s: float) -> Extent | Status | None:
     """One LEASE: the value's extent, None when absent, NO_SPACE when it is on the server's
     disk with no room in memory to bring it up now."""
@@ -214,9 +221,7 @@ class LeasedExchange(ABC):
         try:
             target = memoryview(bytearray(extent.length)) if out is None else out
             check_fits(nbytes(target), extent.length, "out")
-            ok = self.copy_out(extent, target, verify=verify)
-            if ok and not verify:
-                ok = copy_held(ch.conn, extent, target)
+            ok = copied(self, ch.conn, extent, target, verify=verify)
         finally:
             release(ch, [extent.handle])
         return ReadResult(target, extent.length, ok)

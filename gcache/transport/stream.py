@@ -191,7 +191,8 @@ class StreamConnection:
         return self._closed
 
     def peer_closed(self) -> bool:
-        """Whether the peer has shut its end or died (a zero-wait poll; nothing is read)."""
+        """Whether the peer has shut its end or died (a zero-wait poll; nothing is read). A
+        poller per call: a batch's IO threads ask this of one connection at once."""
         if self._closed:
             return True
         poller = select.poll()
