@@ -6,16 +6,14 @@ Every request of ``../shared/data/traces/conversation_trace.jsonl`` (Mooncake's 
 each distinct block is one stored page of equal size, placed by ``gcache.ring.Ring`` on
 ``--servers`` equal servers with ``group_width`` 2, exactly as the SDK places a key:
 
-- ``first page`` (what ``gcache.kv.page_keys.group_of`` does today): every page of a sequence
-  takes the group of the sequence's first page;
+- ``head T``: what ``gcache.kv.page_keys.groups_of`` does (``group_head_tokens`` T, default
+  1024): the pages within the first T tokens (the head, where a shared system prompt lives)
+  take the first page's group, every deeper page the group of the first page past the head;
+- ``first page`` (the rule before): every page of a sequence takes its first page's group;
 - ``no group``: every page by its own hash;
-- ``depth D``: page i takes the group of page ``min(i, D - 1)`` of its own prefix, so the first
-  D pages spread by their own hashes and every deeper page follows the prefix through page
-  D - 1 (a rule each page's key can compute alone, so every prefix of a sequence agrees);
-- ``root+depth D``: the first D pages keep the first page's group (a shared system prompt stays
-  on one set of servers, stored once) and every deeper page follows the prefix through page
-  D - 1: the rule for engines whose pages are far smaller than the trace's 512-token blocks,
-  where "depth D" would scatter a long prompt's pages over every server.
+- ``depth 2``: page i takes the group of page ``min(i, 1)`` of its own prefix (the first page
+  alone, everything deeper with the second page): balanced, but an engine's pages are far
+  smaller than the trace's 512-token blocks, and there page 1 is inside a shared prompt.
 
 Balance is max / mean bytes per server (target <= 1.3); the blast radius is the share of requests
 (each needs all its pages) that lose a page when one server dies, worst server and mean over
@@ -34,8 +32,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import write_results  # noqa: E402
 
-from gcache.ring import Ring  # noqa: E402
+from gcache.kv.page_keys import head_groups, head_pages  # noqa: E402
+from gcache.ring import DEFAULT_VNODES, Ring  # noqa: E402
 
+BLOCK_TOKENS = 512             # the trace's block (page) size
 TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
                      "traces", "conversation_trace.jsonl")
 
@@ -56,10 +56,11 @@ def group_rule(name: str):
         return lambda chain, i: _page(chain[0])
     if name == "no group":
         return lambda chain, i: None
-    depth = int(name.split()[-1])
-    if name.startswith("root"):
-        return lambda chain, i: _page(chain[0 if i < depth else depth - 1])
-    return lambda chain, i: _page(chain[min(i, depth - 1)])
+    if name == "depth 2":
+        return lambda chain, i: _page(chain[min(i, 1)])
+    head = head_pages(BLOCK_TOKENS, int(name.split()[-1]))
+    return lambda chain, i: head_groups([_page(b).decode() for b in chain[:i + 1]],
+                                        head)[i].encode()
 
 
 def measure(chains: list[list[int]], rule: str, ring: Ring, width: int) -> dict:
@@ -83,29 +84,37 @@ def measure(chains: list[list[int]], rule: str, ring: Ring, width: int) -> dict:
             "death_breaks_worst": max(shares), "death_breaks_mean": statistics.mean(shares)}
 
 
+RULES = ("head 1024", "head 512", "head 2048", "first page", "no group", "depth 2")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=TRACE)
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--group-width", type=int, default=2)
-    parser.add_argument("--vnodes", type=int, default=64, help="ring points per server")
+    parser.add_argument("--vnodes", default=f"64,{DEFAULT_VNODES}",
+                        help="ring points per server, comma separated (default: before and now)")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only")
     args = parser.parse_args()
     chains = load(args.trace, args.limit)
-    ring = Ring.uniform([f"server-{i}" for i in range(args.servers)], vnodes=args.vnodes)
-    rules = ["first page", "no group", "depth 2", "depth 4", "depth 8", "root+depth 4",
-             "root+depth 8", "root+depth 16"]
-    rows = {rule: measure(chains, rule, ring, args.group_width) for rule in rules}
+    points = [int(v) for v in args.vnodes.split(",")]
+    rows: dict[str, dict] = {}
+    for vnodes in points:
+        ring = Ring.uniform([f"server-{i}" for i in range(args.servers)], vnodes=vnodes)
+        for rule in RULES:
+            rows.setdefault(rule, {})[str(vnodes)] = measure(chains, rule, ring,
+                                                             args.group_width)
     print(f"placement on {len(chains)} requests, {args.servers} servers, group_width "
-          f"{args.group_width}, {args.vnodes} ring points per server\n")
-    print(f"{'rule':<14}{'pages':>9}{'max/mean':>10}{'death breaks (worst)':>22}"
+          f"{args.group_width}\n")
+    print(f"{'rule':<12}{'points':>7}{'pages':>9}{'max/mean':>10}{'death breaks (worst)':>22}"
           f"{'(mean)':>9}")
-    for rule, row in rows.items():
-        print(f"{rule:<14}{row['pages']:>9}{row['max_over_mean']:>10.2f}"
-              f"{row['death_breaks_worst']:>22.1%}{row['death_breaks_mean']:>9.1%}")
+    for rule, by_points in rows.items():
+        for vnodes, row in by_points.items():
+            print(f"{rule:<12}{vnodes:>7}{row['pages']:>9}{row['max_over_mean']:>10.2f}"
+                  f"{row['death_breaks_worst']:>22.1%}{row['death_breaks_mean']:>9.1%}")
     write_results("placement", {"date": dt.date.today().isoformat(), "requests": len(chains),
                                 "servers": args.servers, "group_width": args.group_width,
-                                "vnodes": args.vnodes,
+                                "vnodes": points, "block_tokens": BLOCK_TOKENS,
                                 "rules": rows})
     return 0
 

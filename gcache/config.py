@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gcache.errors import ConfigError
+from gcache.ring import DEFAULT_VNODES
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 1000**2, "mb": 1000**2,
@@ -167,7 +168,7 @@ class ClientConfig:
                                             # (``gcache topology``) carries its NIXL transfers
                                             # and its NUMA node's CPUs run the IO threads
     nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
-    vnodes: int = 64                        # virtual nodes per server on the ring
+    vnodes: int = DEFAULT_VNODES            # virtual nodes per server on the ring (as servers')
     cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
-from gcache.kv.page_keys import page_hashes
+from gcache.kv.page_keys import GROUP_HEAD_TOKENS, head_groups, head_pages, page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
 from gcache.kv.store import KVStore, Probe, SavePlan, SaveResult
 from gcache.kv.weights import weights_fingerprint
@@ -20,10 +20,10 @@ from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_s
 from gcache.sdk import DONE, PinnedPool, PoolExhausted
 
 __all__ = [
-    "DEFAULT_POLICY", "DONE", "EnginePages", "KVSink", "KVSource", "KVStore", "LayerArrays",
-    "LayerGeometry", "LoadHandle", "ModelLayout", "PinnedPool", "PoolExhausted", "Probe",
-    "SHIPPED_CONFIGS", "SavePlan", "SaveResult", "StorePolicy", "client_from_settings",
-    "count_setting", "gcache_settings", "leading", "page_hashes", "page_regions",
-    "policy_from_name", "restorable_prefixes", "safe_boundary", "tail_span",
-    "weights_fingerprint",
+    "DEFAULT_POLICY", "DONE", "EnginePages", "GROUP_HEAD_TOKENS", "KVSink", "KVSource",
+    "KVStore", "LayerArrays", "LayerGeometry", "LoadHandle", "ModelLayout", "PinnedPool",
+    "PoolExhausted", "Probe", "SHIPPED_CONFIGS", "SavePlan", "SaveResult", "StorePolicy",
+    "client_from_settings", "count_setting", "gcache_settings", "head_groups", "head_pages",
+    "leading", "page_hashes", "page_regions", "policy_from_name", "restorable_prefixes",
+    "safe_boundary", "tail_span", "weights_fingerprint",
 ]

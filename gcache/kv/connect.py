@@ -27,6 +27,10 @@ SETTINGS = {
                           "default false: the server hashed them at COMMIT (docs/protocol.md)",
     "group_width": "servers one placement group is striped over (default 2)",
     "namespace": "an extra label that separates tenants sharing one cluster",
+    "group_head_tokens": "tokens at the start of a sequence placed with its first page (the "
+                         "shared head, e.g. a system prompt: make it cover the longest one); "
+                         "deeper pages go with the first page past it (default 1024; "
+                         "gcache.kv.page_keys)",
     "async_load_tokens": "vLLM: hits of more tokens than this load asynchronously, beside the "
                          "forward passes (default 2048; 0: every hit)",
     "pinned_mb": "vLLM: host memory one worker may pin for staging, in MiB (default 4096)",

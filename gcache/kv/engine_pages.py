@@ -16,8 +16,9 @@ eviction, and every process of the namespace picks the generation up within
 to the root generation and may see objects from before a clear: still correct KV, since a key
 is the hash of its content's whole prefix.
 
-Placement: the caller passes the group, the first page key of the sequence when it knows it
-(ARCHITECTURE §3), or None to spread pages key by key.
+Placement: the caller passes each page's group (``page_keys.head_groups`` of the sequence's
+chain, when it knows where the call starts; ARCHITECTURE §3), one group for all pages, or None
+to spread pages key by key.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ from gcache.kv.window import leading
 log = logging.getLogger(__name__)
 
 ROOT_GENERATION = "0"
+PageGroups = str | None | Sequence[str | None]     # one group for all pages, or one per page
+
+
+def _pick(group: Any, idx: Sequence[int]) -> Any:
+    """The ``group`` of the keys ``idx`` of a batch."""
+    return [group[i] for i in idx] if isinstance(group, list) else group
 
 
 def namespace_digest(fields: Mapping[str, Any]) -> str:
@@ -113,46 +120,58 @@ class EnginePages:
         gen = self.generation()
         return [self.object_key(pool, k, part, gen) for k in page_keys for part in range(n_parts)]
 
+    @staticmethod
+    def _part_groups(group: PageGroups, n_pages: int, n_parts: int) -> Any:
+        """The SDK's ``group`` for the parts of ``n_pages`` pages: one per part where the
+        caller gave one per page."""
+        if group is None or isinstance(group, str):
+            return group
+        if len(group) != n_pages:
+            raise InvalidRequest(f"{len(group)} groups for {n_pages} pages")
+        return [g for g in group for _ in range(n_parts)]
+
     # ---- IO ---------------------------------------------------------------------------------
 
     def present(self, pool: str, page_keys: Sequence[str], n_parts: int, *,
-                group: str | None = None) -> list[bool]:
+                group: PageGroups = None) -> list[bool]:
         """Per page: every part of it exists (one batch for all pages)."""
         if not page_keys:
             return []
-        found = self.client.batch_exists(self._keys(pool, page_keys, n_parts), group=group)
+        found = self.client.batch_exists(self._keys(pool, page_keys, n_parts),
+                                         group=self._part_groups(group, len(page_keys), n_parts))
         return [all(found[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
 
     def leading_present(self, pool: str, page_keys: Sequence[str], n_parts: int, *,
-                        group: str | None = None) -> int:
+                        group: PageGroups = None) -> int:
         """How many pages at the start are present."""
         return leading(self.present(pool, page_keys, n_parts, group=group))
 
     def write(self, pool: str, page_keys: Sequence[str], parts: Sequence[Sequence[Any]], *,
-              group: str | None = None, skip_existing: bool = True) -> list[bool]:
+              group: PageGroups = None, skip_existing: bool = True) -> list[bool]:
         """Store each page's parts; per page, whether all of them are now stored. Pages that
         exist already are not sent again (their bytes are equal by construction of the key)."""
         n_parts = self._check(page_keys, parts)
         if not page_keys:
             return []
         keys = self._keys(pool, page_keys, n_parts)
+        groups = self._part_groups(group, len(page_keys), n_parts)
         views = [view for page in parts for view in page]
         stored = [False] * len(keys)
         todo = list(range(len(keys)))
         if skip_existing:
-            found = self.client.batch_exists(keys, group=group)
+            found = self.client.batch_exists(keys, group=groups)
             todo = [i for i in todo if not found[i]]
             stored = list(found)
         if todo:
             # a page's key is the engine's hash of its tokens: content-addressed
             done = self.client.batch_put([keys[i] for i in todo], [views[i] for i in todo],
-                                         group=group, content_addressed=True)
+                                         group=_pick(groups, todo), content_addressed=True)
             for i, ok in zip(todo, done):
                 stored[i] = ok
         return [all(stored[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
 
     def read(self, pool: str, page_keys: Sequence[str], parts: Sequence[Sequence[Any]], *,
-             group: str | None = None) -> list[bool]:
+             group: PageGroups = None) -> list[bool]:
         """Read each page's parts into the given buffers; per page, whether every part arrived
         whole (a part of another size than its buffer is a miss: it is not this format).
         Parts that could not be read are deleted (see ``_drop``)."""
@@ -162,19 +181,21 @@ class EnginePages:
         outs = [as_bytes(view, writable=True, what="page part")
                 for page in parts for view in page]
         keys = self._keys(pool, page_keys, n_parts)
-        got = self.client.batch_get_into(keys, outs, group=group)
-        self._drop([key for key, n in zip(keys, got) if n is None], group)
+        groups = self._part_groups(group, len(page_keys), n_parts)
+        got = self.client.batch_get_into(keys, outs, group=groups)
+        lost = [i for i, n in enumerate(got) if n is None]
+        self._drop([keys[i] for i in lost], _pick(groups, lost))
         whole = [n is not None and n == len(out) for n, out in zip(got, outs)]
         return [all(whole[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
 
-    def _drop(self, keys: list[str], group: str | None) -> None:
+    def _drop(self, keys: list[str], group: Any) -> None:
         """Delete parts that failed to read. The engine asks for a page only after it was
         reported present, so a failed part is usually a corrupted value (its checksum did not
         match) or one on an unreachable server; left in place, a corrupted part would block
         the page forever, because writes skip what exists. Deleting it lets the engine's
         next save store the page again."""
-        for key in keys:
-            self.client.delete(key, group=group)
+        for n, key in enumerate(keys):
+            self.client.delete(key, group=group[n] if isinstance(group, list) else group)
         if keys:
             log.warning("engine_pages.dropped_unreadable parts=%d", len(keys))
 

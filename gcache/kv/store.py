@@ -83,7 +83,8 @@ class KVStore:
 
     def __init__(self, client: Any, layout: ModelLayout, *,
                  policy: str | StorePolicy = DEFAULT_POLICY, pressure_poll_s: float = 1.0,
-                 max_batch_keys: int = 1024, load_threads: int = 2) -> None:
+                 max_batch_keys: int = 1024, load_threads: int = 2,
+                 group_head_tokens: int = page_keys.GROUP_HEAD_TOKENS) -> None:
         self.client, self.layout = client, layout
         self.policy = policy_from_name(policy)
         if self.policy.full_layer:
@@ -91,6 +92,7 @@ class KVStore:
         else:
             self.paged_layers, self.tail_layers = layout.full_layers, layout.swa_layers
         self.root = page_keys.namespace(layout.fingerprint())
+        self.head_pages = page_keys.head_pages(layout.page_size, group_head_tokens)
         self.pressure_poll_s = pressure_poll_s
         self.max_batch_keys = max_batch_keys
         self._gauge = PressureGauge()
@@ -111,18 +113,27 @@ class KVStore:
     def hashes(self, token_ids: Sequence[int] | np.ndarray) -> list[bytes]:
         return page_keys.page_hashes(token_ids, self.layout.page_size, self.root)
 
+    def key_groups(self, hashes: Sequence[bytes], keys: Sequence[str]) -> list[str]:
+        """The placement group of each of ``keys``, page and tail keys of the pages ``hashes``
+        (what to pass as ``group`` when touching them directly)."""
+        return page_keys.groups_of_keys(keys, hashes, self.head_pages)
+
     def match(self, token_ids: Sequence[int] | np.ndarray) -> int:
         """The window-safe hit length of ``token_ids`` in tokens (a multiple of the page size)."""
         return self.probe(token_ids).hit_tokens
 
     def probe(self, token_ids: Sequence[int] | np.ndarray) -> Probe:
         hashes = self.hashes(token_ids)
-        group = page_keys.group_of(hashes)
+        groups = page_keys.groups_of(hashes, self.head_pages)
         n = len(hashes)
         first_tail_layer = self.tail_layers[:1]
-        keys = [page_keys.page_key(h, layer) for h in hashes for layer in self.paged_layers]
-        keys += [page_keys.tail_key(h, layer) for h in hashes for layer in first_tail_layer]
-        present = {k for k, ok in zip(keys, self._exists(keys, group)) if ok}
+        keys, key_groups = [], []
+        for layers, key_of in ((self.paged_layers, page_keys.page_key),
+                               (first_tail_layer, page_keys.tail_key)):
+            for h, g in zip(hashes, groups):
+                keys += [key_of(h, layer) for layer in layers]
+                key_groups += [g] * len(layers)
+        present = {k for k, ok in zip(keys, self._exists(keys, key_groups)) if ok}
         pages = [all(page_keys.page_key(h, layer) in present for layer in self.paged_layers)
                  for h in hashes] if self.paged_layers else None
         shared = leading(pages) if pages is not None else 0
@@ -131,19 +142,20 @@ class KVStore:
             limit = shared if pages is not None else n
             candidates = [b for b in range(limit, 0, -1)
                           if page_keys.tail_key(hashes[b - 1], self.tail_layers[0]) in present]
-            safe = self._confirm_tails(hashes, candidates, group, present)
+            safe = self._confirm_tails(hashes, candidates, groups, present)
         hit = safe_boundary(n, pages, (lambda b: b in safe) if self.tail_layers else None)
         return Probe(tuple(hashes), self.layout.page_size, hit, shared, frozenset(present),
                      frozenset(safe))
 
-    def _confirm_tails(self, hashes: list[bytes], candidates: list[int], group: str | None,
+    def _confirm_tails(self, hashes: list[bytes], candidates: list[int], groups: list[str],
                        present: set[str]) -> set[int]:
         """The first candidate boundaries (best first) whose every SWA layer exists."""
         for start in range(0, len(candidates), TAIL_CANDIDATES_PER_ROUND):
             round_ = candidates[start:start + TAIL_CANDIDATES_PER_ROUND]
             keys = [page_keys.tail_key(hashes[b - 1], layer)
                     for b in round_ for layer in self.tail_layers[1:]]
-            found = dict(zip(keys, self._exists(keys, group)))
+            key_groups = [groups[b - 1] for b in round_ for _ in self.tail_layers[1:]]
+            found = dict(zip(keys, self._exists(keys, key_groups)))
             present.update(k for k, ok in found.items() if ok)
             whole = {b for b in round_ if all(found[page_keys.tail_key(hashes[b - 1], layer)]
                                              for layer in self.tail_layers[1:])}
@@ -151,10 +163,11 @@ class KVStore:
                 return whole
         return set()
 
-    def _exists(self, keys: list[str], group: str | None) -> list[bool]:
+    def _exists(self, keys: list[str], groups: list[str]) -> list[bool]:
         out: list[bool] = []
         for i in range(0, len(keys), self.max_batch_keys):
-            out += self.client.batch_exists(keys[i:i + self.max_batch_keys], group=group)
+            out += self.client.batch_exists(keys[i:i + self.max_batch_keys],
+                                            group=groups[i:i + self.max_batch_keys])
         return out
 
     # ---- save -----------------------------------------------------------------------------------
@@ -189,6 +202,8 @@ class KVStore:
         wanted = self._layers(layers)
         keys: list[str] = []
         values: list[memoryview] = []
+        groups = page_keys.groups_of(probe.hashes, self.head_pages)
+        key_groups: list[str] = []
         page = self.layout.page_size
         paged = [layer for layer in self.paged_layers if layer in wanted]   # keys of these only
         for i, h in enumerate(probe.hashes):
@@ -196,6 +211,7 @@ class KVStore:
                 key = page_keys.page_key(h, layer)
                 if key not in probe.present_keys:
                     keys.append(key)
+                    key_groups.append(groups[i])
                     values.append(self._read(source, layer, i * page, (i + 1) * page))
         sliding = [layer for layer in self.tail_layers if layer in wanted]
         for b in tails:
@@ -209,9 +225,10 @@ class KVStore:
                     if value is None:              # the engine no longer holds that window
                         continue
                     keys.append(key)
+                    key_groups.append(groups[b - 1])
                     values.append(self._sized(value, layer, start, stop, writable=False,
                                               what="KV"))
-        ok = self._put(keys, values, page_keys.group_of(probe.hashes))
+        ok = self._put(keys, values, key_groups)
         return SaveResult(objects_written=sum(ok), objects_failed=len(ok) - sum(ok),
                           bytes_written=sum(len(v) for v, stored in zip(values, ok) if stored),
                           tail_boundaries=tuple(tails))
@@ -232,13 +249,13 @@ class KVStore:
             raise InvalidRequest(f"{name} is {len(view)} bytes; the layout needs {expected}")
         return view
 
-    def _put(self, keys: list[str], values: list[memoryview], group: str | None) -> list[bool]:
+    def _put(self, keys: list[str], values: list[memoryview], groups: list[str]) -> list[bool]:
         ok: list[bool] = []
-        for i in range(0, len(keys), self.max_batch_keys):
+        step = self.max_batch_keys
+        for i in range(0, len(keys), step):
             # page keys name the model and the tokens the KV was computed from
-            ok += self.client.batch_put(keys[i:i + self.max_batch_keys],
-                                        values[i:i + self.max_batch_keys], group=group,
-                                        content_addressed=True)
+            ok += self.client.batch_put(keys[i:i + step], values[i:i + step],
+                                        group=groups[i:i + step], content_addressed=True)
         return ok
 
     def _pressure(self) -> Pressure:
@@ -268,21 +285,24 @@ class KVStore:
             raise InvalidRequest(f"hit_tokens={hit_tokens} must be a multiple of the page size "
                                  f"{page} within the {len(hashes) * page} tokens of full pages")
         b = hit_tokens // page
+        groups = page_keys.groups_of(hashes, self.head_pages)
+        group_of_key: dict[str, str] = {}
         plan = []
         for layer in sorted(self._layers(layers)):
             if layer in self.tail_layers:
                 if b == 0:
                     continue
                 start, stop = self.load_span(layer, hit_tokens)
-                spans = [(page_keys.tail_key(hashes[b - 1], layer), start, stop)]
+                spans = [(page_keys.tail_key(hashes[b - 1], layer), b - 1, start, stop)]
             else:
-                spans = [(page_keys.page_key(hashes[i], layer), i * page, (i + 1) * page)
+                spans = [(page_keys.page_key(hashes[i], layer), i, i * page, (i + 1) * page)
                          for i in range(b)]
-            outs = [self._target(sink, layer, start, stop) for _, start, stop in spans]
-            plan.append((layer, [k for k, _, _ in spans], outs))
+            group_of_key.update((key, groups[i]) for key, i, _, _ in spans)
+            outs = [self._target(sink, layer, start, stop) for _, _, start, stop in spans]
+            plan.append((layer, [key for key, _, _, _ in spans], outs))
         handle = LoadHandle([layer for layer, _, _ in plan], timeout_s=timeout_s)
-        group = page_keys.group_of(hashes)
-        self._loader.submit(handle.run, plan, lambda keys, outs: self._get(keys, outs, group))
+        self._loader.submit(handle.run, plan, lambda keys, outs: self._get(
+            keys, outs, [group_of_key[key] for key in keys]))
         return handle
 
     def load_span(self, layer: int, hit_tokens: int) -> tuple[int, int]:
@@ -298,11 +318,12 @@ class KVStore:
         return self._sized(sink.write_target(layer, start, stop), layer, start, stop,
                            writable=True, what="load target")
 
-    def _get(self, keys: list[str], outs: list[memoryview], group: str | None) -> list[bool]:
+    def _get(self, keys: list[str], outs: list[memoryview], groups: list[str]) -> list[bool]:
         filled: list[bool] = []
-        for i in range(0, len(keys), self.max_batch_keys):
-            chunk = outs[i:i + self.max_batch_keys]
-            got = self.client.batch_get_into(keys[i:i + self.max_batch_keys], chunk, group=group)
+        step = self.max_batch_keys
+        for i in range(0, len(keys), step):
+            chunk = outs[i:i + step]
+            got = self.client.batch_get_into(keys[i:i + step], chunk, group=groups[i:i + step])
             filled += [n == len(out) for n, out in zip(got, chunk)]
         return filled
 

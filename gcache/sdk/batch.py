@@ -21,7 +21,7 @@ from gcache.errors import ConnectionLost, IOTimeout, TransportError
 from gcache.frame import Status
 from gcache.keys import group_hash
 from gcache.sdk import protocol
-from gcache.sdk.dispatch import MISS, Dispatcher, Miss
+from gcache.sdk.dispatch import MISS, Dispatcher, Groups, Miss
 from gcache.sdk.leases import Extent, WriteWindowPassed, copied, written
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import ReadResult
@@ -41,7 +41,7 @@ LATE = Late()
 Held = tuple[Link, list[int], list[Any]]
 
 
-def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None, *,
+def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups, *,
               chunk: int = PUT_CHUNK_KEYS, flags: int = 0) -> list[bool]:
     """Store ``keys``, ``chunk`` at a time. Over shared memory or NIXL a value must be copied
     within the write window (half the server's lease TTL) counted from its ALLOC: one phase
@@ -52,19 +52,20 @@ def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes 
         return _batch_put(d, keys, values, group, chunk, flags)
     return [ok for start in range(0, len(keys), chunk)
             for ok in _batch_put(d, keys[start:start + chunk], values[start:start + chunk],
-                                 group, chunk, flags)]
+                                 d.groups_of(group, range(start, min(start + chunk, len(keys)))),
+                                 chunk, flags)]
 
 
-def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes | None,
+def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups,
                chunk: int, flags: int) -> list[bool]:
     results = [False] * len(keys)
-    placement = group_hash(group)
 
     def start(address: str | None, idx: list[int]) -> Held | None:
         d.stats.request("put", len(idx))
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
             return None
+        placement = group_hash(d.group_at(group, idx[0]))     # one group per request (plan)
         items = _started(d, link, len(idx), lambda ch: link.exchange.start_writes(
             ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement,
             flags=flags))
@@ -101,8 +102,8 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: bytes
 
     d.parallel([lambda h=h: commit(*h) for h in held])
     if late:
-        again = batch_put(d, [keys[i] for i in late], [values[i] for i in late], group,
-                          chunk=chunk // 8, flags=flags)
+        again = batch_put(d, [keys[i] for i in late], [values[i] for i in late],
+                          d.groups_of(group, late), chunk=chunk // 8, flags=flags)
         for i, ok in zip(late, again):
             results[i] = ok
     return results
@@ -207,7 +208,7 @@ def _no_staging(d: Dispatcher, n_keys: int, exc: Exception) -> list[Miss]:
 
 
 def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
-               group: bytes | None) -> list[Any]:
+               group: Groups) -> list[Any]:
     """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses.
 
     A key the server has on disk but no memory to bring up (NO_SPACE) is asked for once more
@@ -260,7 +261,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
             else:
                 d.submit(_release, d, link, handles)
     retried = d.parallel([lambda i=i: read_one(d, keys[i], None if outs is None else outs[i],
-                                               group) for i in again])
+                                               d.group_at(group, i)) for i in again])
     for i, result in zip(again, retried):
         results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
     return results

@@ -11,8 +11,13 @@ failures into misses. Invariants:
 - A miss of any cause (absent, evicted, unreachable, timeout, checksum mismatch) is ``None`` /
   ``False`` and is counted by reason; only bad arguments raise (ValueError / TypeError), checked
   before any IO except an ``out`` too small for the value, which is known only after the lookup.
-- Bytes read are checked against the stored xxh3_64 before a call reports a hit, so a corrupted
-  value is a miss, never wrong KV.
+- Bytes read over TCP are checked against the stored xxh3_64 before a call reports a hit, so
+  a corrupted value is a miss, never wrong KV; bytes copied out of an arena were checked by the
+  server when committed and are not hashed again unless ``verify_arena_reads``
+  (docs/protocol.md, "Checksums: where they are checked").
+- ``group`` places keys together (ARCHITECTURE §3): a batch takes one group for every key, or
+  one per key (a list or tuple as long as the keys), so one call can hold a sequence's pages
+  of several groups.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from gcache.frame import FLAG_CONTENT_ADDRESSED
 from gcache.keys import group_hash, validate_key
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
-from gcache.sdk.dispatch import MISS, Dispatcher
+from gcache.sdk.dispatch import MISS, Dispatcher, Groups
 from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
@@ -117,6 +122,17 @@ class Client:
     def _group(group: Any) -> bytes | None:
         return None if group is None else validate_key(group)
 
+    @classmethod
+    def _groups(cls, group: Any, n_keys: int) -> Groups:
+        """A batch's ``group``: one for all keys, or a list or tuple of one per key (each may
+        be None: that key placed by itself)."""
+        if not isinstance(group, (list, tuple)):
+            return cls._group(group)
+        if len(group) != n_keys:
+            raise ValueError(f"group holds {len(group)} groups for {n_keys} keys; give one "
+                             "group, or one per key")
+        return [cls._group(g) for g in group]
+
     # ---- single-key operations ----------------------------------------------------------------
 
     def put(self, key: Any, value: Any, *, group: Any = None,
@@ -190,12 +206,12 @@ class Client:
         if len(raw) != len(values):
             raise ValueError(f"batch_put got {len(raw)} keys and {len(values)} values")
         views = [self._value(v, f"values[{i}]") for i, v in enumerate(values)]
-        return batch.batch_put(self._d, raw, views, self._group(group),
+        return batch.batch_put(self._d, raw, views, self._groups(group, len(raw)),
                                flags=_flags(content_addressed))
 
     def batch_get(self, keys: Sequence[Any], *, group: Any = None) -> list[bytes | None]:
-        return batch.batch_read(self._d, [validate_key(k) for k in keys], None,
-                                self._group(group))
+        raw = [validate_key(k) for k in keys]
+        return batch.batch_read(self._d, raw, None, self._groups(group, len(raw)))
 
     def batch_get_into(self, keys: Sequence[Any], outs: Sequence[Any], *,
                        group: Any = None) -> list[int | None]:
@@ -203,10 +219,11 @@ class Client:
         if len(raw) != len(outs):
             raise ValueError(f"batch_get_into got {len(raw)} keys and {len(outs)} outs")
         targets = [self._out(o, f"outs[{i}]") for i, o in enumerate(outs)]
-        return batch.batch_read(self._d, raw, targets, self._group(group))
+        return batch.batch_read(self._d, raw, targets, self._groups(group, len(raw)))
 
     def batch_exists(self, keys: Sequence[Any], *, group: Any = None) -> list[bool]:
-        raw, grp = [validate_key(k) for k in keys], self._group(group)
+        raw = [validate_key(k) for k in keys]
+        grp = self._groups(group, len(raw))
         results = [False] * len(raw)
 
         def work(address: str | None, idx: list[int]) -> None:

@@ -28,6 +28,8 @@ from gcache.sdk.routes import Link, Routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A batch's placement: one group for every key (None: each key by itself), or one per key.
+Groups = bytes | None | list[bytes | None]
 BATCH_MAX = 4096             # keys per request frame (the wire allows 65535)
 
 
@@ -116,6 +118,16 @@ class Dispatcher:
         cfg = self.config
         return cfg.verify_checksum and (cfg.verify_arena_reads or not exchange.reads_arena)
 
+    @staticmethod
+    def group_at(group: Groups, i: int) -> bytes | None:
+        """Key ``i``'s group in a batch's ``group``."""
+        return group[i] if isinstance(group, list) else group
+
+    @staticmethod
+    def groups_of(group: Groups, idx: Sequence[int]) -> Groups:
+        """The ``group`` of a batch of the keys ``idx`` of another."""
+        return [group[i] for i in idx] if isinstance(group, list) else group
+
     def owner(self, key: bytes, group: bytes | None) -> str | None:
         return self._owners(group)(key)
 
@@ -130,13 +142,24 @@ class Dispatcher:
         return lambda key: slots[key_hash(key) % width]
 
     def plan(self, keys: Sequence[bytes],
-             group: bytes | None) -> list[tuple[str | None, list[int]]]:
-        """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each."""
-        by_server: dict[str | None, list[int]] = {}
-        owner = self._owners(group)
-        for i, key in enumerate(keys):
-            by_server.setdefault(owner(key), []).append(i)
-        return [(address, idx[start:start + BATCH_MAX]) for address, idx in by_server.items()
+             group: Groups) -> list[tuple[str | None, list[int]]]:
+        """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each.
+        With a group per key, a request holds keys of one group only (a put's frames carry
+        one placement group per request)."""
+        by_request: dict[tuple[str | None, bytes | None], list[int]] = {}
+        if isinstance(group, list):
+            owners: dict[bytes | None, Callable[[bytes], str | None]] = {}
+            for i, key in enumerate(keys):
+                g = group[i]
+                if g not in owners:
+                    owners[g] = self._owners(g)
+                by_request.setdefault((owners[g](key), g), []).append(i)
+        else:
+            owner = self._owners(group)
+            for i, key in enumerate(keys):
+                by_request.setdefault((owner(key), group), []).append(i)
+        return [(address, idx[start:start + BATCH_MAX])
+                for (address, _), idx in by_request.items()
                 for start in range(0, len(idx), BATCH_MAX)]
 
     # ---- IO threads -----------------------------------------------------------------------------

@@ -109,3 +109,17 @@ def test_stats_count_hits_and_misses_by_reason(client):
     stats = client.stats()
     assert stats["hits"] >= 1 and stats["misses_by_reason"]["absent"] >= 1
     assert stats["bytes_written"] >= 1 and stats["suspect_servers"] == []
+
+
+def test_a_batch_takes_one_group_per_key(client, shared_cluster):
+    keys = [fresh_key("per-key-group") for _ in range(40)]
+    groups: list[str | None] = ["tree-a" if i % 2 else "tree-b" for i in range(40)]
+    groups[7] = None                                    # one key placed by itself
+    values = [f"v{i}".encode() for i in range(40)]
+    assert all(client.batch_put(keys, values, group=groups))
+    assert client.batch_get(keys, group=tuple(groups)) == values
+    assert all(client.batch_exists(keys, group=groups))
+    # each key is where a single-key call with its own group looks for it
+    assert [client.get(k, group=g) for k, g in zip(keys, groups)] == values
+    with pytest.raises(ValueError, match="39 groups for 40 keys"):
+        client.batch_get(keys, group=groups[:-1])

@@ -118,11 +118,11 @@ def test_deleting_a_tail_moves_the_match_back_to_the_previous_safe_boundary(kv_c
         store.save(tokens, LayerArrays(layout, kv_arrays(layout, len(tokens))))
         hashes = store.hashes(tokens)
         assert store.match(tokens) == 8 * 64
-        assert kv_client.delete(page_keys.tail_key(hashes[7], layout.swa_layers[-1]),
-                                group=page_keys.group_of(hashes))
+        key = page_keys.tail_key(hashes[7], layout.swa_layers[-1])
+        assert kv_client.delete(key, group=store.key_groups(hashes, [key])[0])
         assert store.match(tokens) == 6 * 64        # one layer of the tail is enough to lose it
-        assert kv_client.delete(page_keys.page_key(hashes[4], layout.full_layers[1]),
-                                group=page_keys.group_of(hashes))
+        key = page_keys.page_key(hashes[4], layout.full_layers[1])
+        assert kv_client.delete(key, group=store.key_groups(hashes, [key])[0])
         assert store.match(tokens) == 3 * 64        # a page gone in the middle: before it
 
 
@@ -133,7 +133,8 @@ def test_load_completes_layer_by_layer_and_reports_a_lost_layer(kv_client):
     with KVStore(kv_client, layout, policy="tail") as store:
         store.save(tokens, LayerArrays(layout, src))
         hashes = store.hashes(tokens)
-        kv_client.delete(page_keys.page_key(hashes[2], 3), group=page_keys.group_of(hashes))
+        key = page_keys.page_key(hashes[2], 3)
+        kv_client.delete(key, group=store.key_groups(hashes, [key])[0])
         out = {layer: np.zeros_like(a) for layer, a in src.items()}
         handle = store.load(tokens, 5 * 64, LayerArrays(layout, out))
         assert handle.wait_layer(0, timeout_s=10) is True
@@ -206,11 +207,11 @@ def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_c
                    for layer in range(layout.num_layers)]
         assert {r.tail_boundaries for r in results} == {plan.tails}
         assert list(plan.tails) == under[Pressure.ROOMY]
-        hashes, group = store.hashes(tokens), page_keys.group_of(store.hashes(tokens))
+        hashes = store.hashes(tokens)
         for layer in layout.swa_layers:
             keys = [page_keys.tail_key(hashes[b - 1], layer) for b in range(1, n_pages + 1)]
-            stored = [b for b, ok in zip(range(1, n_pages + 1),
-                                         kv_client.batch_exists(keys, group=group)) if ok]
+            stored = [b for b, ok in zip(range(1, n_pages + 1), kv_client.batch_exists(
+                keys, group=store.key_groups(hashes, keys))) if ok]
             assert stored == list(plan.tails), layer
         assert store.match(tokens) == n_pages * 64
         with pytest.raises(InvalidRequest, match="plan= or probe="):
@@ -218,3 +219,25 @@ def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_c
                        probe=store.probe(tokens))
         with pytest.raises(InvalidRequest, match="its own tokens"):
             store.save(tokens[:5 * 64], LayerArrays(layout, src), plan=plan)
+
+
+def test_pages_past_the_head_are_placed_by_the_first_page_past_it(kv_client):
+    layout = hybrid(model="head-groups")
+    tokens = tokens_of(8 * 64, 9)
+    src = kv_arrays(layout, len(tokens), seed=9)
+    with KVStore(kv_client, layout, policy="tail", group_head_tokens=2 * 64) as store:
+        assert store.head_pages == 2
+        store.save(tokens, LayerArrays(layout, src))
+        hashes = store.hashes(tokens)
+        keys = [page_keys.page_key(h, layer) for h in hashes for layer in store.paged_layers]
+        groups = store.key_groups(hashes, keys)
+        assert set(groups) == {hashes[0].hex(), hashes[2].hex()}
+        assert all(kv_client.batch_exists(keys, group=groups))
+        assert store.match(tokens) == 8 * 64
+        out = {layer: np.zeros_like(a) for layer, a in src.items()}
+        assert store.load(tokens, 8 * 64, LayerArrays(layout, out)).wait(timeout_s=10)
+        for layer, want in expected_after_load(layout, src, 8 * 64).items():
+            assert np.array_equal(out[layer], want), layer
+        deep = page_keys.page_key(hashes[5], layout.full_layers[0])
+        assert kv_client.delete(deep, group=store.key_groups(hashes, [deep])[0])
+        assert store.match(tokens) < 6 * 64             # found where the store placed it

@@ -64,7 +64,8 @@ def test_match_never_reports_a_missing_page_or_tail(small_cluster, ops, window):
                 hashes = store.hashes(tokens)
                 keys = required_keys(store, hashes, len(hashes)) + \
                     [page_keys.tail_key(h, layer) for h in hashes for layer in store.tail_layers]
-                client.delete(keys[b % len(keys)], group=page_keys.group_of(hashes))
+                key = keys[b % len(keys)]
+                client.delete(key, group=store.key_groups(hashes, [key])[0])
             else:                                    # other traffic: forces evictions
                 client.batch_put([f"junk/{uuid.uuid4().hex}" for _ in range(a)],
                                  [bytes(60_000)] * a)
@@ -72,13 +73,15 @@ def test_match_never_reports_a_missing_page_or_tail(small_cluster, ops, window):
                 for seq in SEQUENCES:
                     probe = store.probe(seq)
                     keys = required_keys(store, list(probe.hashes), probe.hit_pages)
-                    present = client.batch_exists(keys, group=page_keys.group_of(probe.hashes))
+                    present = client.batch_exists(
+                        keys, group=store.key_groups(probe.hashes, keys))
                     assert all(present), f"match {probe.hit_pages} pages with a missing object"
                     event(f"hit {'>0' if probe.hit_pages else '0'}")
                     width = len(store.paged_layers)
-                    flat = client.batch_exists(
-                        [page_keys.page_key(h, layer) for h in probe.hashes
-                         for layer in store.paged_layers], group=page_keys.group_of(probe.hashes))
+                    paged = [page_keys.page_key(h, layer) for h in probe.hashes
+                             for layer in store.paged_layers]
+                    flat = client.batch_exists(paged,
+                                               group=store.key_groups(probe.hashes, paged))
                     pages = [all(flat[i:i + width]) for i in range(0, len(flat), width)]
                     assert probe.hit_pages <= leading(pages) == probe.shared_pages
     finally:

@@ -38,7 +38,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from gcache.kv import (EnginePages, client_from_settings, gcache_settings, leading, page_regions,
+from gcache.kv import (GROUP_HEAD_TOKENS, EnginePages, client_from_settings, count_setting,
+                       gcache_settings, head_groups, head_pages, leading, page_regions,
                        restorable_prefixes)
 from gcache_sglang._compat import (KV, HiCacheStorage, HiCacheStorageConfig,
                                    HiCacheStorageExtraInfo, MLATokenToKVPoolHost, PoolHitPolicy,
@@ -87,6 +88,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         self.config = storage_config
         self.zero_copy = bool(extra.get("interface_v1"))
         self.grouped = engine_passes_prefix_keys(extra)
+        self.group_head_tokens = count_setting(settings, "group_head_tokens", GROUP_HEAD_TOKENS)
         self.client = client_from_settings(settings)
         model = (storage_config.model_name or "model").replace("/", "-").strip("-")[-120:]
         namespace = {"engine": "sglang", "model": storage_config.model_name,
@@ -139,17 +141,20 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     # ---- placement and buffers --------------------------------------------------------------
 
-    def _group(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> str | None:
-        """The sequence's first page key, when SGLang tells us where the call starts.
+    def _group(self, keys: List[str],
+               extra_info: Optional[HiCacheStorageExtraInfo]) -> list[str] | None:
+        """Each page's placement group (``gcache.kv.page_keys.head_groups``: the sequence's
+        first page key for the pages of its head, the first page past the head for the rest),
+        when SGLang tells us where the call starts.
 
         With prefix keys on, SGLang 0.5.23 passes ``None`` instead of ``[]`` for a call that
         starts at the root in one place (the storage hit query), so ``None`` means the root.
         """
         if not self.grouped:
             return None
-        prefix = getattr(extra_info, "prefix_keys", None) or []
-        chain = list(prefix) + list(keys)
-        return chain[0] if chain else None
+        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
+        head = head_pages(self.mem_pool_host.page_size, self.group_head_tokens)
+        return head_groups(prefix + list(keys), head)[len(prefix):]
 
     def _buffers(self, pool: str, keys: List[str], host_indices) -> list[list[memoryview]]:
         host_pool = self.registered_pools[pool] if pool != KV else self.mem_pool_host

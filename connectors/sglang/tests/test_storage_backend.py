@@ -184,25 +184,27 @@ def test_hybrid_all_pages_pool_limits_the_hit(cluster):
     made.close()
 
 
-def test_prefix_keys_place_a_sequence_by_its_first_page(cluster):
+def test_prefix_keys_place_the_head_by_the_first_page_and_the_rest_past_it(cluster):
     host = mha_host("page_first")
-    made = backend(storage_config(cluster.addresses, hicache_storage_pass_prefix_keys=True), host)
+    made = backend(storage_config(cluster.addresses, hicache_storage_pass_prefix_keys=True,
+                                  gcache_group_head_tokens=2 * PAGE), host)
     assert made.grouped
     keys = page_keys(tokens(71, n_pages=6))
-    head, rest = keys[:2], keys[2:]
+    head, rest = keys[:3], keys[3:]            # the calls need not split where the head ends
     slots = fill(host, len(keys), seed=13)
-    assert made.batch_set_v1(head, slots[:2 * PAGE], HiCacheStorageExtraInfo(prefix_keys=[]))
-    assert made.batch_set_v1(rest, slots[2 * PAGE:], HiCacheStorageExtraInfo(prefix_keys=head))
+    assert made.batch_set_v1(head, slots[:3 * PAGE], HiCacheStorageExtraInfo(prefix_keys=[]))
+    assert made.batch_set_v1(rest, slots[3 * PAGE:], HiCacheStorageExtraInfo(prefix_keys=head))
     assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 6
-    assert made.batch_exists(rest, HiCacheStorageExtraInfo(prefix_keys=head)) == 4
+    assert made.batch_exists(rest, HiCacheStorageExtraInfo(prefix_keys=head)) == 3
     # SGLang's storage hit query passes None for a query from the root: that is the root
     assert made.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=None)) == 6
-    # every object of the sequence was placed by its first page: looked up key by key, some
-    # land on the other server and miss, so the group really was used
+    # the head's two pages were placed by the first page, the rest by the first page past the
+    # head; looked up key by key, some land on the other server and miss, so groups were used
     gen = made.pages.generation()
     objects = [made.pages.object_key("kv", k, part, gen) for k in keys for part in (0, 1)]
+    groups = [keys[0]] * 4 + [keys[2]] * 8
     with Client(cluster.addresses) as client:
-        assert all(client.batch_exists(objects, group=keys[0]))
+        assert all(client.batch_exists(objects, group=groups))
         assert not all(client.batch_exists(objects))
     spread = backend(storage_config(cluster.addresses), mha_host("page_first"))
     assert not spread.grouped and spread.batch_exists(keys) < 6

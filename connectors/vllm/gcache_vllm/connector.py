@@ -32,7 +32,8 @@ import json
 import sys
 from typing import Any
 
-from gcache.kv import KVStore, client_from_settings, count_setting, gcache_settings
+from gcache.kv import (GROUP_HEAD_TOKENS, KVStore, client_from_settings, count_setting,
+                       gcache_settings)
 from gcache_vllm._compat import (KVConnectorBase_V1, KVConnectorRole,
                                KVConnectorTransferResults, SupportsHMA)
 from gcache_vllm._compat import get_logger, layer_index, tensor_parallel_rank
@@ -83,7 +84,9 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if kv_cache_config is not None:
             check_block_sizes(kv_cache_config, self.layout.page_size)
         self.store = KVStore(self.client, self.layout,
-                             policy=settings.get("policy", DEFAULT_POLICY))
+                             policy=settings.get("policy", DEFAULT_POLICY),
+                             group_head_tokens=count_setting(settings, "group_head_tokens",
+                                                             GROUP_HEAD_TOKENS))
         self.scheduler = self.worker = None
         self._reported_misses: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
