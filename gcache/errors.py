@@ -35,7 +35,22 @@ class ConfigError(GCacheError, ValueError):
         self.key = key
         self.value = value
         self.rule = rule
-        super().__init__(f"config {key}={value!r}: {rule}")
+        super().__init__(f"config {key}={_shown(key, value)!r}: {rule}")
+
+
+def _shown(key: str, value: object) -> object:
+    """``value`` as an error message may show it: a secret (the cluster token) never is,
+    since messages end up in logs and engine start-up errors."""
+    if _secret(key):
+        return "<redacted>"
+    if isinstance(value, dict):
+        return {k: "<redacted>" if _secret(str(k)) else v for k, v in value.items()}
+    return value
+
+
+def _secret(key: str) -> bool:
+    """``token``, ``gcache_token``, ``cluster.token``: the cluster's shared secret."""
+    return key.lower().replace(".", "_").split("_")[-1] == "token"
 
 
 class InvalidRequest(GCacheError, ValueError):

@@ -62,3 +62,15 @@ def test_booleans_and_lists_from_the_environment():
     assert config.servers == ("a:1", "b:2") and config.verify_checksum is False
     with pytest.raises(ConfigError, match="true or false"):
         load_config(ClientConfig, "client", env={"GCACHE_CLIENT_VERIFY_CHECKSUM": "maybe"})
+
+
+def test_a_config_error_never_shows_the_cluster_token():
+    from gcache.errors import ConfigError
+    from gcache.kv import client_from_settings
+    assert "s3cret" not in str(ConfigError("gcache_token", "s3cret", "must be longer"))
+    assert "s3cret" not in str(ConfigError("token", "s3cret", "must be longer"))
+    assert "512" in str(ConfigError("gcache_group_head_tokens", 512, "rule"))
+    with pytest.raises(ConfigError) as caught:
+        client_from_settings({"servers": "127.0.0.1:1", "token": "s3cret", "io_threads": 1,
+                              "transport": "carrier-pigeon"})
+    assert "s3cret" not in str(caught.value) and "carrier-pigeon" in str(caught.value)
