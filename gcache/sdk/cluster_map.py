@@ -17,7 +17,7 @@ from typing import Callable
 
 from gcache.errors import MasterError
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import IN_MAP, MasterLink
+from gcache.transport.master_rpc import IN_MAP, MasterLink, jittered
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class MapFollower(threading.Thread):
                 log.warning("map.refresh_failed epoch=%d error=%s", self.epoch, exc)
             except Exception:      # the thread's top level: keep the cached map
                 log.exception("map.refresh_crashed")
-            self._halt.wait(self.refresh_s)
+            self._halt.wait(jittered(self.refresh_s))
 
     def refresh(self) -> bool:
         """Fetch the map if its epoch moved; True when it changed."""

@@ -25,7 +25,7 @@ from gcache.ring import Ring
 from gcache.server.cluster_ring import ring_of
 from gcache.server.mutable_keys import MutableKeys
 from gcache.transport.handshake import handshake
-from gcache.transport.master_rpc import MasterLink
+from gcache.transport.master_rpc import MasterLink, jittered
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
 
@@ -76,7 +76,7 @@ class Handoff(threading.Thread):
             except Unavailable:
                 if attempt == LEAVE_ATTEMPTS - 1:
                     raise
-                time.sleep(1.0)
+                time.sleep(jittered(1.0))
 
     def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())

@@ -17,7 +17,7 @@ from typing import Callable
 
 from gcache.errors import MasterError, Unavailable
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import STATE_NAMES, MasterLink
+from gcache.transport.master_rpc import STATE_NAMES, MasterLink, jittered
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Membership(threading.Thread):
                 registered = registered and "not registered" not in str(exc)
             except Exception:      # the thread's top level: log, keep beating
                 log.exception("membership.failed")
-            self._halt.wait(self.interval_s)
+            self._halt.wait(jittered(self.interval_s))
 
     def _answered(self, epoch: int, state: str) -> None:
         if self.on_answer is not None:

@@ -10,6 +10,7 @@ master's message, an unreachable group as ``Unavailable``.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -85,6 +86,14 @@ class MasterLink:
                 channel = grpc.insecure_channel(address)
                 self._stubs[address] = (channel, pb_grpc.MasterStub(channel))
             return self._stubs[address][1]
+
+
+def jittered(period_s: float, spread: float = 0.2) -> float:
+    """``period_s`` less up to ``spread`` of it: what every loop that calls the masters on a
+    period waits, so that a fleet of servers and clients restarted together (or all cut off by
+    one master failover) does not call the new leader in lock-step ever after. Never longer
+    than the period: the masters count a server's missed beats by it."""
+    return period_s * random.uniform(1.0 - spread, 1.0)
 
 
 def parse_masters(text: str | Sequence[str]) -> list[str]:
