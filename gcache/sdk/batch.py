@@ -65,7 +65,7 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
             return None
-        placement = group_hash(d.group_at(group, idx[0]))     # one group per request (plan)
+        placement = group_hash(d.group_at(group, idx[0]))     # the request's one group
         items = _started(d, link, len(idx), lambda ch: link.exchange.start_writes(
             ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement,
             flags=flags))
@@ -77,7 +77,8 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
         return link, idx, items
 
     held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
-                                   for a, idx in d.plan(keys, group)]) if h is not None]
+                                   for a, idx in d.plan(keys, group, one_group_each=True)])
+            if h is not None]
     notices = {id(link): _Notices(d, link) for link, _, _ in held}
     copies = [(link, i, extent) for link, idx, items in held
               for i, extent in zip(idx, items) if isinstance(extent, Extent)]

@@ -141,11 +141,11 @@ class Dispatcher:
                  for sid in ring.slot_owners(key_hash(group), width)]
         return lambda key: slots[key_hash(key) % width]
 
-    def plan(self, keys: Sequence[bytes],
-             group: Groups) -> list[tuple[str | None, list[int]]]:
+    def plan(self, keys: Sequence[bytes], group: Groups, *,
+             one_group_each: bool = False) -> list[tuple[str | None, list[int]]]:
         """(server, key indices) per request: keys grouped by owner, at most BATCH_MAX each.
-        With a group per key, a request holds keys of one group only (a put's frames carry
-        one placement group per request)."""
+        ``one_group_each``: with a group per key, a request holds keys of one group only (a
+        put request carries one placement group for all its keys)."""
         by_request: dict[tuple[str | None, bytes | None], list[int]] = {}
         if isinstance(group, list):
             owners: dict[bytes | None, Callable[[bytes], str | None]] = {}
@@ -153,7 +153,8 @@ class Dispatcher:
                 g = group[i]
                 if g not in owners:
                     owners[g] = self._owners(g)
-                by_request.setdefault((owners[g](key), g), []).append(i)
+                by_request.setdefault((owners[g](key), g if one_group_each else None),
+                                      []).append(i)
         else:
             owner = self._owners(group)
             for i, key in enumerate(keys):

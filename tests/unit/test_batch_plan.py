@@ -1,5 +1,5 @@
-"""How a batch is cut into requests (``Dispatcher.plan``): by owner, and with a group per key
-by owner and group, since a put request carries one placement group for all its keys (a
+"""How a batch is cut into requests (``Dispatcher.plan``): by owner; for a put with a group per
+key by owner and group, since a put request carries one placement group for all its keys (a
 draining server hands each key on by it)."""
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ def test_a_group_per_key_cuts_requests_by_owner_and_group():
     try:
         keys = [f"k{i}".encode() for i in range(64)]
         groups = [b"tree-a" if i < 20 else b"tree-b" if i < 50 else None for i in range(64)]
-        plan = d.plan(keys, groups)
-        assert sorted(i for _, idx in plan for i in idx) == list(range(64))
-        for address, idx in plan:
+        puts = d.plan(keys, groups, one_group_each=True)
+        assert sorted(i for _, idx in puts for i in idx) == list(range(64))
+        for address, idx in puts:
             assert len({groups[i] for i in idx}) == 1
             assert all(d.owner(keys[i], groups[i]) == address for i in idx)
+        reads = d.plan(keys, groups)                  # one request per server
+        assert sorted(i for _, idx in reads for i in idx) == list(range(64))
+        assert len({a for a, _ in reads}) == len(reads) < len(puts)
+        assert all(d.owner(keys[i], groups[i]) == a for a, idx in reads for i in idx)
         one = d.plan(keys, b"tree-a")
         assert all(d.owner(keys[i], b"tree-a") == a for a, idx in one for i in idx)
         assert len(one) <= d.config.group_width
