@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 
-from gcache.cli import replay
+from gcache.cli import arenas, replay
 from gcache.config import parse_size
 from gcache.errors import GCacheError
 
@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument("--deny", help="NIC names that never carry data (a front-end NIC)")
     topology.set_defaults(run=_topology)
     replay.add_parser(sub)
+    arenas.add_parser(sub)
     return parser
 
 
