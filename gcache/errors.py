@@ -14,6 +14,7 @@
     │   └── AuthFailed         missing or wrong cluster token
     └── MasterError
         ├── NotLeader (.leader)
+        ├── NotRegistered      the masters do not know the server a request names
         └── Unavailable
 
 Absence is a value (None/False), failure is an exception. The SDK is the single place where a
@@ -116,6 +117,11 @@ class NotLeader(MasterError):
     def __init__(self, leader: str | None) -> None:
         self.leader = leader
         super().__init__(f"not the leader; leader is {leader or 'unknown'}")
+
+
+class NotRegistered(MasterError):
+    """The masters do not know the server a request names: a heartbeat before Register (or
+    after the group lost the record), which must register again, or a drain of an unknown id."""
 
 
 class Unavailable(MasterError):

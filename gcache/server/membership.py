@@ -15,7 +15,7 @@ import threading
 import uuid
 from typing import Callable
 
-from gcache.errors import MasterError, Unavailable
+from gcache.errors import MasterError, NotRegistered, Unavailable
 from gcache.proto import master_pb2 as pb
 from gcache.transport.master_rpc import STATE_NAMES, MasterLink, jittered
 
@@ -75,9 +75,11 @@ class Membership(threading.Thread):
                 self._answered(reply.epoch, STATE_NAMES.get(reply.state, "alive"))
             except Unavailable as exc:
                 log.warning("membership.no_master error=%s", exc)
+            except NotRegistered as exc:
+                log.warning("membership.unknown_to_master error=%s: registering again", exc)
+                registered = False
             except MasterError as exc:
                 log.warning("membership.refused error=%s", exc)
-                registered = registered and "not registered" not in str(exc)
             except Exception:      # the thread's top level: log, keep beating
                 log.exception("membership.failed")
             self._halt.wait(jittered(self.interval_s))

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from gcache.errors import MasterError, Unavailable
+from gcache.errors import MasterError, NotRegistered, Unavailable
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 
@@ -74,6 +74,8 @@ class MasterLink:
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     errors.append(f"{address}: {code.name.lower()}")
                     continue
+                if code == grpc.StatusCode.NOT_FOUND:
+                    raise NotRegistered(f"{method} at {address}: {exc.details()}") from None
                 raise MasterError(f"{method} refused by {address}: {exc.details()}") from None
             with self._lock:
                 self._preferred = address

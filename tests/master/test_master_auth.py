@@ -67,3 +67,14 @@ def test_a_master_without_a_token_refuses_a_non_loopback_address(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2
     assert "0.0.0.0:7999" in proc.stderr and "loopback" in proc.stderr
+
+
+def test_a_heartbeat_from_an_unknown_server_is_not_registered(secured):
+    from gcache.errors import NotRegistered
+    wait_until(lambda: call_status(secured, TOKEN).leader_raft, timeout_s=10)
+    link = MasterLink(secured.addresses, token=TOKEN, timeout_s=2.0)
+    try:
+        with pytest.raises(NotRegistered, match="not registered"):
+            link.call("Heartbeat", pb.HeartbeatRequest(id="no-such-server"))
+    finally:
+        link.close()
