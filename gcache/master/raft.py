@@ -89,6 +89,9 @@ class RaftGroup:
             raise Unavailable(f"raft command failed: {_reason(outcome['error'])}")
         return outcome["result"]
 
+    # ``_isLeader`` / ``_getLeader`` / ``_getTerm`` are pysyncobj internals (0.3.x, pinned)
+    # read from gRPC threads. The public ``getStatus()`` is not safe there: it iterates dicts
+    # that the Raft thread refills in place on an election ("dictionary changed size").
     def is_leader(self) -> bool:
         return self._replica._isLeader()
 
