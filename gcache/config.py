@@ -86,6 +86,7 @@ class ServerConfig:
     advertise: str = ""                     # HOST:PORT clients reach; "" is the listen address
     heartbeat_interval_s: float = 1.0       # seconds between heartbeats to the master
     group_width: int = 2                    # as the clients': a drain places keys like them
+    vnodes: int = DEFAULT_VNODES            # ring points per server, as the clients'
     nixl: bool = True                       # offer the arena over NIXL when nixl-cu12 imports
     nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL (e.g. mlx5_0:1); () lets
                                             # UCX choose; ("auto",) every GPU's rail NIC
@@ -105,6 +106,7 @@ class ServerConfig:
         _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
                "must be positive")
         _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
+        _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,
@@ -168,7 +170,8 @@ class ClientConfig:
                                             # (``gcache topology``) carries its NIXL transfers
                                             # and its NUMA node's CPUs run the IO threads
     nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
-    vnodes: int = DEFAULT_VNODES            # virtual nodes per server on the ring (as servers')
+    vnodes: int = DEFAULT_VNODES            # virtual nodes per server on the ring (as servers':
+                                            # a draining server places keys with its own)
     cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
     def __post_init__(self) -> None:

@@ -18,10 +18,12 @@ def fetch_map(config: ServerConfig) -> pb.ClusterMap:
         link.close()
 
 
-def ring_of(cluster_map: pb.ClusterMap, *,
+def ring_of(cluster_map: pb.ClusterMap, *, vnodes: int,
             without: str | None = None) -> tuple[Ring, dict[str, str]]:
     """The ring over the map's servers that own keys (alive or suspect), less ``without``,
-    weighted by capacity as clients weigh it; and each server's address by id."""
+    weighted by capacity and with ``vnodes`` points per server as clients build it; and each
+    server's address by id."""
     live = [s.id for s in cluster_map.servers if s.state in IN_MAP and s.id != without]
-    ring = Ring({s.id: float(s.capacity_bytes) for s in cluster_map.servers}, live=live)
+    ring = Ring({s.id: float(s.capacity_bytes) for s in cluster_map.servers}, vnodes=vnodes,
+                live=live)
     return ring, {s.id: s.address for s in cluster_map.servers}

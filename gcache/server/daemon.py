@@ -115,7 +115,7 @@ class DataServer:
         there next would be newer than ours, and could come back to us: ``mutable_keys``)."""
         with self._disowning:                 # one pass at a time; a later change runs next
             try:
-                ring, _ = ring_of(fetch_map(self.config))
+                ring, _ = ring_of(fetch_map(self.config), vnodes=self.config.vnodes)
             except GCacheError as exc:
                 log.warning("mutable_keys.no_map error=%s", exc)
                 return

@@ -80,7 +80,7 @@ class Handoff(threading.Thread):
 
     def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
         reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())
-        return ring_of(reply, without=self.server_id)
+        return ring_of(reply, vnodes=self.config.vnodes, without=self.server_id)
 
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
         try:
