@@ -13,19 +13,27 @@ BANNED = {
     "sdk": ("gcache.server", "gcache.master", "gcache.kv", "gcache.cli", "gcache_sglang",
             "gcache_vllm"),
     "transport": ("gcache.server", "gcache.master", "gcache.sdk", "gcache.kv", "gcache.cli"),
-    "kv": ("gcache.server", "gcache.master", "gcache.router", "gcache.cli", "gcache_sglang",
-           "gcache_vllm"),
+    "kv": ("gcache.server", "gcache.master", "gcache.router", "gcache.cli", "gcache.transport",
+           "gcache_sglang", "gcache_vllm"),
+    # the command line drives every layer, but never an engine's plugin or torch at import
+    "cli": ("gcache_sglang", "gcache_vllm", "torch"),
 }
+# ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
+PACKAGE_INIT_ALLOWED = ("typing",)
 TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.errors", "gcache.keys", "gcache.ring",
                      "gcache.frame", "gcache.buffer")
 
 
-def imports(path: pathlib.Path):
-    for node in ast.walk(ast.parse(path.read_text())):
+def imports(path: pathlib.Path, *, top_level_only: bool = False):
+    """(line, module) of every import in ``path``; a relative import reads as ".": none is
+    allowed, so that every import names the layer it reaches."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
         if isinstance(node, ast.Import):
             yield from ((node.lineno, a.name) for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
+        elif isinstance(node, ast.ImportFrom):
+            yield node.lineno, "." if node.level else node.module
 
 
 def test_packages_import_only_downwards():
@@ -41,6 +49,19 @@ def test_packages_import_only_downwards():
 def test_top_level_modules_import_only_each_other(path):
     bad = [f"{path}:{line} imports {name}" for line, name in imports(ROOT / path)
            if name.startswith("gcache") and name not in TOP_LEVEL_ALLOWED]
+    assert not bad, bad
+
+
+def test_no_relative_imports():
+    bad = [f"{path}:{line}" for path in ROOT.rglob("*.py") for line, name in imports(path)
+           if name == "."]
+    assert not bad, bad
+
+
+def test_the_package_init_imports_nothing_of_gcache_at_import_time():
+    bad = [f"__init__.py:{line} imports {name}"
+           for line, name in imports(ROOT / "__init__.py", top_level_only=True)
+           if name not in PACKAGE_INIT_ALLOWED and name != "__future__"]
     assert not bad, bad
 
 
