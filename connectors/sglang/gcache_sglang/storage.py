@@ -150,7 +150,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         With prefix keys on, SGLang 0.5.23 passes ``None`` instead of ``[]`` for a call that
         starts at the root in one place (the storage hit query), so ``None`` means the root.
         """
-        if not self.grouped:
+        if not self.grouped or not self.zero_copy:     # the generic path places key by key
             return None
         prefix = list(getattr(extra_info, "prefix_keys", None) or [])
         head = head_pages(self.mem_pool_host.page_size, self.group_head_tokens)
