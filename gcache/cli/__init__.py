@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 from gcache.cli import arenas, replay
@@ -246,12 +247,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: a command that started local servers (``demo``, ``replay
+    --cluster``) stops them and removes their arenas on the way out, instead of dying with
+    them left in /dev/shm."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)    # main thread only
     try:
         return args.run(args)
     except (GCacheError, ValueError, OSError) as exc:
         print(f"gcache {args.command}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)

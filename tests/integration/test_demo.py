@@ -4,6 +4,7 @@ figures checked against the replay model computed here."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -92,3 +93,64 @@ def test_loads_are_checked_byte_for_byte_and_the_boundary_is_window_safe(demo, m
 def test_the_raw_put_get_check_still_runs_after_it(demo):
     stdout, _ = demo
     assert re.search(r"gcache demo: blocks=\d+ .* corrupt=0", stdout), stdout
+
+
+def _servers_of(pid: int) -> dict[int, str]:
+    """The servers ``pid`` started: their PIDs and arena files (``--shm-name``). Other suites'
+    servers may be making arenas beside them, so the test follows its own only."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            children = [int(c) for c in fh.read().split()]
+    except OSError:
+        return {}
+    found = {}
+    for child in children:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as fh:
+                argv = fh.read().decode().split("\0")
+        except OSError:
+            continue
+        if "--shm-name" in argv:
+            found[child] = f"/dev/shm/{argv[argv.index('--shm-name') + 1]}"
+    return found
+
+
+def _is_server(pid: int, arena: str) -> bool:
+    """Whether ``pid`` is still that server (not a process that reused its PID)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return os.path.basename(arena).encode() in fh.read()
+    except OSError:
+        return False
+
+
+def test_a_terminated_demo_stops_its_servers_and_removes_their_arenas():
+    import signal
+    import time
+    demo = subprocess.Popen([sys.executable, "-m", "gcache.cli", "demo", "--quiet",
+                             "--conversations", "2", "--servers", "2", "--total", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and demo.poll() is None and \
+                not (len(servers) == 2 and all(os.path.exists(p) for p in servers.values())):
+            servers |= _servers_of(demo.pid)
+            time.sleep(0.05)
+        assert len(servers) == 2, "the demo's two servers never started"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) == 128 + signal.SIGTERM
+        left = [p for name in servers.values() for p in (name, name + ".key")
+                if os.path.exists(p)]
+        assert not left, left
+        assert not [pid for pid, name in servers.items() if _is_server(pid, name)]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        for pid, name in servers.items():       # only when the demo failed to clean up
+            if _is_server(pid, name):
+                os.kill(pid, signal.SIGKILL)
+            for leftover in (name, name + ".key", name + ".id"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
