@@ -43,7 +43,10 @@ def list_arenas(shm_dir: str = SHM_DIR) -> list[ArenaInfo]:
         if entry.endswith(SIDECARS) or not os.path.isfile(path + ".key") or \
                 os.path.islink(path) or not os.path.isfile(path):
             continue
-        stat = os.stat(path)
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            continue                                   # removed while we listed
         state, pid = _owner(path)
         found.append(ArenaInfo(entry, stat.st_size, state, pid,
                                max(0.0, time.time() - stat.st_mtime)))
