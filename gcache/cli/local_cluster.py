@@ -16,6 +16,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from gcache.cli.arenas import SHM_DIR, SIDECARS
+
 READY = "gcache-server ready listen="
 
 
@@ -144,11 +146,8 @@ class LocalCluster:
         for server in self.servers:
             if server.proc is not None:
                 self.terminate(server.index)
-            for leftover in (os.path.join("/dev/shm", server.shm_name),
-                             os.path.join("/dev/shm", f"{server.shm_name}.key"),
-                             os.path.join("/dev/shm", f"{server.shm_name}.id"),
-                             os.path.join("/dev/shm", f"{server.shm_name}.mutable"),
-                             os.path.join("/dev/shm", f"{server.shm_name}.mutable.epoch"),
+            arena = os.path.join(SHM_DIR, server.shm_name)
+            for leftover in (arena, *(arena + suffix for suffix in SIDECARS),
                              f"/tmp/{server.shm_name}.sock"):
                 try:
                     os.unlink(leftover)       # what a SIGKILLed server could not remove

@@ -42,11 +42,6 @@ ROOT_GENERATION = "0"
 PageGroups = str | None | Sequence[str | None]     # one group for all pages, or one per page
 
 
-def _pick(group: Any, idx: Sequence[int]) -> Any:
-    """The ``group`` of the keys ``idx`` of a batch."""
-    return [group[i] for i in idx] if isinstance(group, list) else group
-
-
 def namespace_digest(fields: Mapping[str, Any]) -> str:
     """A short stable digest of ``fields`` (sorted ``name=value`` pairs)."""
     text = "|".join(f"{name}={fields[name]}" for name in sorted(fields))
@@ -121,11 +116,10 @@ class EnginePages:
         return [self.object_key(pool, k, part, gen) for k in page_keys for part in range(n_parts)]
 
     @staticmethod
-    def _part_groups(group: PageGroups, n_pages: int, n_parts: int) -> Any:
-        """The SDK's ``group`` for the parts of ``n_pages`` pages: one per part where the
-        caller gave one per page."""
+    def _part_groups(group: PageGroups, n_pages: int, n_parts: int) -> list[str | None]:
+        """The group of each part of ``n_pages`` pages (the SDK's ``group``, one per key)."""
         if group is None or isinstance(group, str):
-            return group
+            return [group] * (n_pages * n_parts)
         if len(group) != n_pages:
             raise InvalidRequest(f"{len(group)} groups for {n_pages} pages")
         return [g for g in group for _ in range(n_parts)]
@@ -165,7 +159,8 @@ class EnginePages:
         if todo:
             # a page's key is the engine's hash of its tokens: content-addressed
             done = self.client.batch_put([keys[i] for i in todo], [views[i] for i in todo],
-                                         group=_pick(groups, todo), content_addressed=True)
+                                         group=[groups[i] for i in todo],
+                                         content_addressed=True)
             for i, ok in zip(todo, done):
                 stored[i] = ok
         return [all(stored[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
@@ -183,21 +178,20 @@ class EnginePages:
         keys = self._keys(pool, page_keys, n_parts)
         groups = self._part_groups(group, len(page_keys), n_parts)
         got = self.client.batch_get_into(keys, outs, group=groups)
-        lost = [i for i, n in enumerate(got) if n is None]
-        self._drop([keys[i] for i in lost], _pick(groups, lost))
+        self._drop([(key, g) for key, g, n in zip(keys, groups, got) if n is None])
         whole = [n is not None and n == len(out) for n, out in zip(got, outs)]
         return [all(whole[i * n_parts:(i + 1) * n_parts]) for i in range(len(page_keys))]
 
-    def _drop(self, keys: list[str], group: Any) -> None:
+    def _drop(self, parts: list[tuple[str, str | None]]) -> None:
         """Delete parts that failed to read. The engine asks for a page only after it was
         reported present, so a failed part is usually a corrupted value (its checksum did not
         match) or one on an unreachable server; left in place, a corrupted part would block
         the page forever, because writes skip what exists. Deleting it lets the engine's
         next save store the page again."""
-        for n, key in enumerate(keys):
-            self.client.delete(key, group=group[n] if isinstance(group, list) else group)
-        if keys:
-            log.warning("engine_pages.dropped_unreadable parts=%d", len(keys))
+        for key, group in parts:
+            self.client.delete(key, group=group)
+        if parts:
+            log.warning("engine_pages.dropped_unreadable parts=%d", len(parts))
 
     def clear(self) -> bool:
         """Move the namespace to a fresh generation (see the module docstring)."""
