@@ -200,7 +200,7 @@ replay: $(STAMP)
 
 # Regenerate the master's gRPC code after editing gcache/proto/master.proto.
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. gcache/proto/master.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. gcache/proto/master.proto
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) $(VLI_VENV) $(VLE_VENV) $(MC_VENV) build *.egg-info

@@ -29,7 +29,7 @@ from results_file import write_results  # noqa: E402
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import MasterError
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
 
 
 
@@ -43,9 +43,9 @@ def leader(masters: LocalMasters) -> int | None:
     for member in masters.members:
         if not member.is_running():
             continue
-        link = MasterLink([member.listen], timeout_s=0.5)
+        link = MasterClient([member.listen], timeout_s=0.5)
         try:
-            if link.call("Status", pb.StatusRequest()).is_leader:
+            if link.status().is_leader:
                 return member.index
         except MasterError:
             pass
@@ -55,13 +55,13 @@ def leader(masters: LocalMasters) -> int | None:
 
 
 def heartbeats(masters: LocalMasters, n_servers: int, seconds: float, threads: int) -> dict:
-    links = [MasterLink(masters.addresses, timeout_s=2.0) for _ in range(threads)]
+    links = [MasterClient(masters.addresses, timeout_s=2.0) for _ in range(threads)]
     ids = [f"sim-{i:04d}" for i in range(n_servers)]
 
     def register(i: int) -> None:
         server = pb.Server(id=ids[i], address=f"127.0.0.2:{10000 + i}", host_id="sim",
                            capacity_bytes=1 << 30)
-        links[i % threads].call("Register", pb.RegisterRequest(server=server))
+        links[i % threads].register(server)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(register, range(n_servers)))
@@ -81,7 +81,7 @@ def heartbeats(masters: LocalMasters, n_servers: int, seconds: float, threads: i
                 if delay > 0:
                     time.sleep(delay)
                 began = time.perf_counter()
-                links[t].call("Heartbeat", pb.HeartbeatRequest(id=ids[i]))
+                links[t].heartbeat(ids[i])
                 local.append(time.perf_counter() - began)
         with lock:
             latencies.extend(local)
@@ -107,12 +107,12 @@ def failover(masters: LocalMasters) -> dict:
     old = leader(masters)
     masters.kill(old)
     killed = time.monotonic()
-    link = MasterLink(masters.addresses, timeout_s=0.5)
+    link = MasterClient(masters.addresses, timeout_s=0.5)
     first_map = new_leader = None
     while time.monotonic() - killed < 30 and (first_map is None or new_leader is None):
         if first_map is None:
             try:
-                link.call("GetClusterMap", pb.GetClusterMapRequest())
+                link.cluster_map()
                 first_map = time.monotonic() - killed
             except MasterError:
                 pass

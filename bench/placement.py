@@ -3,7 +3,7 @@ sequences one server's death breaks, for each rule a page's placement group coul
 
 Every request of ``../shared/data/traces/conversation_trace.jsonl`` (Mooncake's FAST'25
 "Conversation" workload) is a chain of 512-token blocks whose ids name the prefix through them;
-each distinct block is one stored page of equal size, placed by ``gcache.ring.Ring`` on
+each distinct block is one stored page of equal size, placed by ``gcache.placement.Ring`` on
 ``--servers`` equal servers with ``group_width`` 2, exactly as the SDK places a key:
 
 - ``head T``: what ``gcache.kv.page_keys.groups_of`` does (``group_head_tokens`` T, default
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import write_results  # noqa: E402
 
 from gcache.kv.page_keys import head_groups, head_pages  # noqa: E402
-from gcache.ring import DEFAULT_VNODES, Ring  # noqa: E402
+from gcache.placement import DEFAULT_VNODES, Ring  # noqa: E402
 
 BLOCK_TOKENS = 512             # the trace's block (page) size
 TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from gcache.errors import InvalidRequest, WrongType
+
 
 def _is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
@@ -21,10 +23,10 @@ def _is_tensor(obj: Any) -> bool:
 
 def _tensor_view(tensor: Any, *, what: str) -> memoryview:
     if not tensor.is_contiguous():
-        raise ValueError(f"{what} is a non-contiguous tensor of shape {tuple(tensor.shape)}; "
-                         "buffers must be contiguous")
+        raise InvalidRequest(f"{what} is a non-contiguous tensor of shape "
+                             f"{tuple(tensor.shape)}; buffers must be contiguous")
     if tensor.device.type != "cpu":
-        raise TypeError(f"{what} is a tensor on {tensor.device}; this transport takes CPU tensors")
+        raise WrongType(f"{what} is a tensor on {tensor.device}; this transport takes CPU tensors")
     n_bytes = tensor.numel() * tensor.element_size()
     if n_bytes == 0:
         return memoryview(b"")
@@ -46,8 +48,8 @@ def nbytes(buffer: Any) -> int:
 def device_bytes(tensor: Any, *, what: str = "value") -> Any:
     """A device tensor's bytes as a flat ``uint8`` tensor: a view, no copy."""
     if not tensor.is_contiguous():
-        raise ValueError(f"{what} is a non-contiguous {tensor.device} tensor of shape "
-                         f"{tuple(tensor.shape)}; buffers must be contiguous")
+        raise InvalidRequest(f"{what} is a non-contiguous {tensor.device} tensor of shape "
+                             f"{tuple(tensor.shape)}; buffers must be contiguous")
     import torch                                    # the caller has it: it made the tensor
     return tensor.reshape(-1).view(torch.uint8)
 
@@ -62,23 +64,24 @@ def as_bytes(obj: Any, *, writable: bool, what: str = "value") -> Any:
 def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryview:
     """A flat unsigned-byte view of ``obj``.
 
-    Raises TypeError for an object that is no buffer or is read-only where ``writable`` is asked,
-    ValueError for a non-contiguous one. ``what`` names the argument in the message.
+    Raises WrongType (a TypeError) for an object that is no buffer or is read-only where
+    ``writable`` is asked, InvalidRequest (a ValueError) for a non-contiguous one. ``what``
+    names the argument in the message.
     """
     if _is_tensor(obj):
         return _tensor_view(obj, what=what)
     if isinstance(obj, str):
-        raise TypeError(f"{what} is a str; encode it to bytes first")
+        raise WrongType(f"{what} is a str; encode it to bytes first")
     try:
         view = memoryview(obj)
     except TypeError as exc:
-        raise TypeError(f"{what} of type {type(obj).__name__} is not a buffer; pass bytes, "
+        raise WrongType(f"{what} of type {type(obj).__name__} is not a buffer; pass bytes, "
                         "bytearray, memoryview, a contiguous numpy array or a CPU tensor") from exc
     if not view.c_contiguous:
-        raise ValueError(f"{what} is a non-contiguous buffer of shape {view.shape}; "
-                         "buffers must be contiguous")
+        raise InvalidRequest(f"{what} is a non-contiguous buffer of shape {view.shape}; "
+                             "buffers must be contiguous")
     if writable and view.readonly:
-        raise TypeError(f"{what} is read-only ({type(obj).__name__}); pass a writable buffer")
+        raise WrongType(f"{what} is read-only ({type(obj).__name__}); pass a writable buffer")
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
@@ -92,7 +95,7 @@ def memory_at(address: int, size: int, *, what: str = "region") -> memoryview:
     bytes straight between the pool and GCache. The memory must outlive every IO on the view.
     """
     if not isinstance(address, int) or isinstance(address, bool) or address <= 0:
-        raise ValueError(f"{what} address must be a positive int; got {address!r}")
+        raise InvalidRequest(f"{what} address must be a positive int; got {address!r}")
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-        raise ValueError(f"{what} size must be a positive int; got {size!r}")
+        raise InvalidRequest(f"{what} size must be a positive int; got {size!r}")
     return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")

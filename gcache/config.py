@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gcache.errors import ConfigError
-from gcache.ring import DEFAULT_VNODES
+from gcache.placement import DEFAULT_GROUP_WIDTH, DEFAULT_VNODES
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 1000**2, "mb": 1000**2,
@@ -85,8 +85,6 @@ class ServerConfig:
     master: tuple[str, ...] = ()            # gRPC HOST:PORT of the masters; () is static mode
     advertise: str = ""                     # HOST:PORT clients reach; "" is the listen address
     heartbeat_interval_s: float = 1.0       # seconds between heartbeats to the master
-    group_width: int = 2                    # as the clients': a drain places keys like them
-    vnodes: int = DEFAULT_VNODES            # ring points per server, as the clients'
     nixl: bool = True                       # offer the arena over NIXL when nixl-cu12 imports
     nixl_devices: tuple[str, ...] = ()      # UCX devices for NIXL (e.g. mlx5_0:1); () lets
                                             # UCX choose; ("auto",) every GPU's rail NIC
@@ -105,8 +103,6 @@ class ServerConfig:
                "must be HOST:PORT or empty")
         _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
                "must be positive")
-        _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
-        _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,
@@ -153,7 +149,8 @@ class ClientConfig:
     io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
     io_threads: int = 4                     # SDK threads that do all network IO
     max_value_size: int = 1 * GiB           # bytes; larger values are refused before any IO
-    group_width: int = 2                    # servers one placement group is striped over
+    group_width: int = DEFAULT_GROUP_WIDTH  # servers one placement group is striped over
+                                            # (with masters, the map's value wins)
     suspect_s: float = 1.0                  # seconds a failed server is skipped (fast misses)
     verify_checksum: bool = True            # check xxh3_64 of every value read over TCP
     verify_arena_reads: bool = False        # and of values copied straight out of a server's
@@ -170,8 +167,8 @@ class ClientConfig:
                                             # (``gcache topology``) carries its NIXL transfers
                                             # and its NUMA node's CPUs run the IO threads
     nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
-    vnodes: int = DEFAULT_VNODES            # virtual nodes per server on the ring (as servers':
-                                            # a draining server places keys with its own)
+    vnodes: int = DEFAULT_VNODES            # virtual nodes per server on the ring (with
+                                            # masters, the map's value wins)
     cuda_staging_bytes: int = 1 * GiB       # pinned host memory for CUDA tensors on TCP links
 
     def __post_init__(self) -> None:
@@ -213,8 +210,12 @@ class MasterConfig:
     suspect_beats: int = 3                  # missed beats before a server is suspect
     dead_timeout_s: float = 5.0             # seconds without a beat before a server is dead
     metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
+    vnodes: int = DEFAULT_VNODES            # ring points per server, sent in the cluster map:
+    group_width: int = DEFAULT_GROUP_WIDTH  # clients and draining servers place keys by them
 
     def __post_init__(self) -> None:
+        _check("group_width", self.group_width, self.group_width >= 1, "must be at least 1")
+        _check("vnodes", self.vnodes, 1 <= self.vnodes <= 4096, "must be between 1 and 4096")
         _check("metrics_listen", self.metrics_listen,
                self.metrics_listen == "" or _is_address(self.metrics_listen),
                "must be HOST:PORT or empty")

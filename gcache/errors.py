@@ -3,6 +3,7 @@
     GCacheError
     ├── ConfigError            a config key has a value that breaks its rule
     ├── InvalidRequest         a caller or peer asked for something malformed
+    │   └── WrongType          an argument of the wrong kind: a str where bytes go, a non-buffer
     ├── ProtocolError          bytes on the wire that are not a valid frame
     ├── TransportError         the path to a peer failed
     │   ├── ConnectFailed
@@ -12,10 +13,18 @@
     │   ├── NoSpace
     │   ├── ChecksumMismatch
     │   └── AuthFailed         missing or wrong cluster token
-    └── MasterError
-        ├── NotLeader (.leader)
-        ├── NotRegistered      the masters do not know the server a request names
-        └── Unavailable
+    ├── MasterError
+    │   ├── NotRegistered      the masters do not know the server a request names
+    │   └── Unavailable        no master answered
+    │       └── NotLeader (.leader)  every member answered, none could serve (an election)
+    ├── StartFailed            a local gcache-master or gcache-server process did not come up
+    ├── DeviceError            a CUDA call failed
+    └── MissingDependency      an optional library a feature needs is not installed
+
+A class that stands where Python would raise a builtin also derives from it, so that callers'
+``except ValueError`` keeps working: ConfigError and InvalidRequest (so WrongType too) are
+ValueErrors, WrongType is also a TypeError, and StartFailed, DeviceError and MissingDependency
+are RuntimeErrors.
 
 Absence is a value (None/False), failure is an exception. The SDK is the single place where a
 TransportError or ServerError becomes a miss. OSError never crosses a module boundary: transports
@@ -56,6 +65,12 @@ def _secret(key: str) -> bool:
 
 class InvalidRequest(GCacheError, ValueError):
     """A request is malformed: bad key, bad size, unknown handle."""
+
+
+class WrongType(InvalidRequest, TypeError):
+    """An argument of the wrong kind, where Python itself would raise TypeError: a str where
+    bytes go, an object that is not a buffer, a read-only buffer where one is written, a
+    keyword argument the call does not take."""
 
 
 class ProtocolError(GCacheError):
@@ -111,14 +126,6 @@ class MasterError(GCacheError):
     """A master RPC failed."""
 
 
-class NotLeader(MasterError):
-    """The master asked is not the Raft leader; ``leader`` names the one it knows of, if any."""
-
-    def __init__(self, leader: str | None) -> None:
-        self.leader = leader
-        super().__init__(f"not the leader; leader is {leader or 'unknown'}")
-
-
 class NotRegistered(MasterError):
     """The masters do not know the server a request names: a heartbeat before Register (or
     after the group lost the record), which must register again, or a drain of an unknown id."""
@@ -126,3 +133,27 @@ class NotRegistered(MasterError):
 
 class Unavailable(MasterError):
     """No master answered."""
+
+
+class NotLeader(Unavailable):
+    """Every master asked answered that another must serve the call (not the leader, or still
+    catching up with the log): an election or a restart is under way. ``leader`` names the
+    leader one of them knew of, if any. An ``Unavailable``: callers retry it the same way."""
+
+    def __init__(self, leader: str | None, detail: str = "") -> None:
+        self.leader = leader
+        super().__init__(detail or f"not the leader; leader is {leader or 'unknown'}")
+
+
+class StartFailed(GCacheError, RuntimeError):
+    """A local ``gcache-master`` or ``gcache-server`` process (``gcache.cli.local_masters``,
+    ``local_cluster``) exited or was not ready in time, or no free port was found for it."""
+
+
+class DeviceError(GCacheError, RuntimeError):
+    """A CUDA runtime call failed (``cudaHostRegister`` of an arena); carries its error code."""
+
+
+class MissingDependency(GCacheError, RuntimeError):
+    """A feature needs an optional library that is not installed; the message says how to get
+    it (``pip install 'gcache[plot]'``)."""

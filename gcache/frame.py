@@ -1,10 +1,10 @@
-"""The data-plane frame codec: a fixed 56-byte little-endian header, then key, then payload.
+"""The data-plane frame codec: a fixed 64-byte little-endian header, then key, then payload.
 
 Every request gets exactly one reply frame with the same ``request_id``, so a client may pipeline
 requests (send several, then read the replies in order). ``docs/protocol.md`` documents each
 opcode field by field; it and this module change together. Decoding validates everything a peer
 controls (magic, version, opcode, key length, declared payload) before a byte of payload is read,
-so a hostile header costs the server 56 bytes, never an allocation.
+so a hostile header costs the server 64 bytes, never an allocation.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from gcache.errors import (AuthFailed, ChecksumMismatch, NoSpace, ProtocolError,
-                           ServerError)
+from gcache.errors import ProtocolError
 from gcache.keys import MAX_KEY_BYTES
 
 MAGIC = 0x564B4347  # b"GCKV" read as a little-endian u32
-VERSION = 1
-HEADER = struct.Struct("<IBBBBIHHQQQQQ")  # magic, version, then Header's fields in order
-HEADER_SIZE = HEADER.size  # 56
+# 2: the placement group's hash got its own field (version 1 carried it in ``handle``)
+VERSION = 2
+HEADER = struct.Struct("<IBBBBIHHQQQQQQ")  # magic, version, then Header's fields in order
+HEADER_SIZE = HEADER.size  # 64
 TRAILER = struct.Struct("<Q")
 # PUT flag: the value's xxh3_64 follows the value as an 8-byte trailer (counted in payload_len)
 # instead of riding in the header, so a sender can hash each slice just before sending it.
@@ -86,6 +86,7 @@ class Header(NamedTuple):
     offset: int = 0         # byte offset inside an extent (or the arena, for same-host clients)
     length: int = 0         # value length (ALLOC, LEASE reply, READ request)
     checksum: int = 0       # xxh3_64 of the whole value
+    group: int = 0          # xxh3_64 of the placement group a put's keys belong to; 0: none
 
     def pack(self) -> bytes:
         # Wire order puts flags and status before request_id; fields from key_len on match.
@@ -155,21 +156,3 @@ def decode_keys(payload: bytes | memoryview, count: int) -> list[bytes]:
     if pos != len(view):
         raise ProtocolError(f"key list has {len(view) - pos} trailing bytes")
     return keys
-
-
-# ---- statuses as exceptions: the one table ------------------------------------------------
-
-def raise_for_status(header: Header, context: str) -> None:
-    """Raise the exception that a failure status stands for; NOT_FOUND is absence, not failure."""
-    status = header.status
-    if status in (Status.OK, Status.NOT_FOUND):
-        return
-    if status == Status.NO_SPACE:
-        raise NoSpace(context)
-    if status == Status.CHECKSUM_MISMATCH:
-        raise ChecksumMismatch(context)
-    if status in (Status.AUTH_REQUIRED, Status.AUTH_FAILED):
-        raise AuthFailed(f"{context}: server answered {status.name}; check the cluster token")
-    # BAD_REQUEST and TOO_LARGE are the server's word too: a server that refuses what this side
-    # sent is a failed exchange (a miss in the SDK), not a caller's bad argument.
-    raise ServerError(status.name, context)

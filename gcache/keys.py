@@ -10,21 +10,24 @@ from typing import Protocol
 
 import xxhash
 
+from gcache.errors import InvalidRequest, WrongType
+
 MAX_KEY_BYTES = 1024
 
 
 def validate_key(key: object) -> bytes:
-    """Return ``key`` as bytes. Raises TypeError for other types, ValueError for bad lengths."""
+    """Return ``key`` as bytes. Raises WrongType (a TypeError) for other types, InvalidRequest
+    (a ValueError) for bad lengths."""
     if isinstance(key, str):
         raw = key.encode("utf-8")
     elif isinstance(key, (bytes, bytearray, memoryview)):
         raw = bytes(key)
     else:
-        raise TypeError(f"key must be str or bytes, not {type(key).__name__}")
+        raise WrongType(f"key must be str or bytes, not {type(key).__name__}")
     if not raw:
-        raise ValueError("key is empty; a key is 1..1024 bytes")
+        raise InvalidRequest("key is empty; a key is 1..1024 bytes")
     if len(raw) > MAX_KEY_BYTES:
-        raise ValueError(f"key is {len(raw)} bytes; limit is {MAX_KEY_BYTES}")
+        raise InvalidRequest(f"key is {len(raw)} bytes; limit is {MAX_KEY_BYTES}")
     return raw
 
 

@@ -15,15 +15,15 @@ import sys
 
 from gcache.cli import arenas, replay
 from gcache.config import parse_size
-from gcache.errors import GCacheError
+from gcache.errors import GCacheError, InvalidRequest
 
 
 def _demo(args: argparse.Namespace) -> int:
     """The KV demo (conversations through ``gcache.kv``), then the raw put/get check."""
     if not 0 < args.budget <= 1:
-        raise ValueError(f"--budget {args.budget} must be a fraction in (0, 1]")
+        raise InvalidRequest(f"--budget {args.budget} must be a fraction in (0, 1]")
     if args.conversations < 1:
-        raise ValueError(f"--conversations {args.conversations} must be 1 or more")
+        raise InvalidRequest(f"--conversations {args.conversations} must be 1 or more")
     if _kv_demo(args) != 0:
         return 1
     return 0 if args.total == "0" else _put_get_check(args)
@@ -39,7 +39,7 @@ def _kv_demo(args: argparse.Namespace) -> int:
     layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
     trace = kv_demo.demo_requests(args.trace, args.conversations, layout)
     if not trace.requests:
-        raise ValueError(f"--trace {args.trace} holds no conversation of 3 turns or more")
+        raise InvalidRequest(f"--trace {args.trace} holds no conversation of 3 turns or more")
     memory, segment = replay.arena_for_budget(trace, args.scale, args.budget, args.servers)
     print(f"gcache demo: KV of {layout.model} ({len(layout.full_layers)} full-attention + "
           f"{len(layout.swa_layers)} sliding-window layers, W={layout.window}) for the "
@@ -124,16 +124,15 @@ def _status(args: argparse.Namespace) -> int:
     """Each master's view (leader, term, epoch) and the servers of the cluster map."""
     import os
 
-    from gcache.proto import master_pb2 as pb
-    from gcache.transport.master_rpc import STATE_NAMES, MasterLink, parse_masters
+    from gcache.master_client import STATE_NAMES, MasterClient, parse_masters
 
     token = args.token or os.environ.get("GCACHE_TOKEN")
     masters = parse_masters(args.master)
     servers = None
     for address in masters:
-        link = MasterLink([address], token=token, timeout_s=args.timeout)
+        link = MasterClient([address], token=token, timeout_s=args.timeout)
         try:
-            reply = link.call("Status", pb.StatusRequest())
+            reply = link.status()
         except GCacheError as exc:
             print(f"master {address}: {exc}")
             continue
@@ -154,16 +153,16 @@ def _drain(args: argparse.Namespace) -> int:
     import time
 
     from gcache.proto import master_pb2 as pb
-    from gcache.transport.master_rpc import MasterLink, parse_masters
+    from gcache.master_client import MasterClient, parse_masters
 
-    link = MasterLink(parse_masters(args.master),
+    link = MasterClient(parse_masters(args.master),
                       token=args.token or os.environ.get("GCACHE_TOKEN"), timeout_s=5.0)
     try:
-        link.call("Drain", pb.DrainRequest(id=args.server_id))
+        link.drain(args.server_id)
         print(f"gcache drain: {args.server_id} is draining", file=sys.stderr)
         deadline = time.monotonic() + args.wait
         while time.monotonic() < deadline:
-            servers = link.call("Status", pb.StatusRequest()).servers
+            servers = link.status().servers
             state = next((s.state for s in servers if s.id == args.server_id), None)
             if state == pb.LEFT:
                 print(f"gcache drain: {args.server_id} handed its keys over and left")

@@ -20,6 +20,8 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
+from gcache.errors import InvalidRequest
+
 SHM_DIR = "/dev/shm"
 SIDECARS = (".key", ".id", ".mutable", ".mutable.epoch")
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout, 32 bytes on Linux)
@@ -108,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.names:
         unknown = sorted(set(args.names) - {a.name for a in arenas})
         if unknown:
-            raise ValueError(f"no arena named {', '.join(unknown)} in {args.dir}")
+            raise InvalidRequest(f"no arena named {', '.join(unknown)} in {args.dir}")
         arenas = [a for a in arenas if a.name in args.names]
     removed: list[str] = []
     if args.remove_stopped:

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from gcache.cli.arenas import SHM_DIR, SIDECARS
+from gcache.errors import InvalidRequest, StartFailed
 
 READY = "gcache-server ready listen="
 
@@ -49,7 +50,7 @@ class LocalCluster:
         """``hosts``: per server, a network namespace and the address it listens on there
         (``ip netns exec``: the server's PID is the Popen's), instead of 127.0.0.1."""
         if hosts is not None and len(hosts) != n_servers:
-            raise ValueError(f"{len(hosts)} hosts for {n_servers} servers")
+            raise InvalidRequest(f"{len(hosts)} hosts for {n_servers} servers")
         self.hosts = hosts
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -107,11 +108,11 @@ class LocalCluster:
                         server.address = line[len(READY):].strip()
                         return
             if not server.is_running():
-                raise RuntimeError(f"gcache-server {server.index} exited with "
-                                   f"{server.proc.returncode}; log: {self.tail(server)}")
+                raise StartFailed(f"gcache-server {server.index} exited with "
+                                  f"{server.proc.returncode}; log: {self.tail(server)}")
             time.sleep(0.02)
-        raise RuntimeError(f"gcache-server {server.index} not ready after "
-                           f"{self.ready_timeout_s}s; log: {self.tail(server)}")
+        raise StartFailed(f"gcache-server {server.index} not ready after "
+                          f"{self.ready_timeout_s}s; log: {self.tail(server)}")
 
     def tail(self, server: ServerProcess, lines: int = 20) -> str:
         with open(server.log_path, encoding="utf-8", errors="replace") as fh:

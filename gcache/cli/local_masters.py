@@ -1,7 +1,8 @@
 """Real ``gcache-master`` processes on loopback forming one Raft group, for tests and demos.
 
 Raft members must know each other's addresses before they start, so ports are chosen ahead:
-free ones below the kernel's ephemeral range (a launch that still loses one fails loudly). Every process started here is ended here, by its PID.
+free ones below the kernel's ephemeral range (a launch that still loses one fails loudly). Every
+process started here is ended here, by its PID.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from gcache.errors import StartFailed
 
 READY = "gcache-master ready listen="
 
@@ -31,7 +34,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port found below the ephemeral range")
+    raise StartFailed("no free port found below the ephemeral range")
 
 
 def _ephemeral_low() -> int:
@@ -110,10 +113,10 @@ class LocalMasters:
                 if any(line.startswith(READY) for line in fh):
                     return
             if not member.is_running():
-                raise RuntimeError(f"gcache-master {member.index} exited with "
-                                   f"{member.proc.returncode}; log: {self.tail(member)}")
+                raise StartFailed(f"gcache-master {member.index} exited with "
+                                  f"{member.proc.returncode}; log: {self.tail(member)}")
             time.sleep(0.02)
-        raise RuntimeError(f"gcache-master {member.index} not ready; log: {self.tail(member)}")
+        raise StartFailed(f"gcache-master {member.index} not ready; log: {self.tail(member)}")
 
     def tail(self, member: MasterProcess, lines: int = 20) -> str:
         with open(member.log_path, encoding="utf-8", errors="replace") as fh:
@@ -137,7 +140,7 @@ class LocalMasters:
             if READY in text.rsplit("--- restart ---", 1)[-1]:
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"gcache-master {index} not ready after restart")
+        raise StartFailed(f"gcache-master {index} not ready after restart")
 
     def terminate(self, index: int, *, timeout_s: float = 10.0) -> int:
         member = self.members[index]

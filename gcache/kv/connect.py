@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gcache.config import ClientConfig, load_config
 from gcache.errors import ConfigError
 from gcache.sdk import Client
 
@@ -61,33 +62,41 @@ def gcache_settings(extra: Mapping[str, Any] | None, *,
     return out
 
 
+# Engine settings that are ``ClientConfig`` fields, by setting name; ``timeout_ms`` is the one in
+# other units (engines' configs count IO deadlines in milliseconds).
+_CLIENT_FIELDS = {"master": "master", "servers": "servers", "token": "token",
+                  "transport": "transport", "io_threads": "io_threads",
+                  "verify_arena_reads": "verify_arena_reads", "group_width": "group_width",
+                  "timeout_ms": "timeout_s"}
+
+
+def client_config(settings: Mapping[str, Any]) -> ClientConfig:
+    """The ``ClientConfig`` that settings as ``gcache_settings`` returns them describe, read by
+    the daemons' own loader: defaults < ``GCACHE_CLIENT_*`` and ``GCACHE_TOKEN`` in the
+    engine's environment (so a token need not sit in an engine's command line) < the settings.
+    A wrong one raises ``ConfigError`` naming its ``gcache_`` key."""
+    if not settings.get("servers") and not settings.get("master"):
+        raise ConfigError("gcache_master", settings.get("master"), "set gcache_master "
+                          "(masters' HOST:PORT) or gcache_servers (data servers' HOST:PORT) in "
+                          "the extra config")
+    flags = {field: settings[name] for name, field in _CLIENT_FIELDS.items()
+             if settings.get(name) is not None}
+    if "timeout_s" in flags:
+        flags["timeout_s"] = _number(settings, "timeout_ms", positive=True) / 1000.0
+    try:
+        return load_config(ClientConfig, "client", flags=flags)
+    except ConfigError as exc:
+        setting = next((n for n, f in _CLIENT_FIELDS.items() if f == exc.key), exc.key)
+        raise ConfigError(PREFIX + setting, exc.value, exc.rule) from None
+
+
 def client_from_settings(settings: Mapping[str, Any]) -> Client:
     """A ``Client`` for settings as ``gcache_settings`` returns them."""
-    servers = settings.get("servers")
-    if isinstance(servers, str):
-        servers = [s.strip() for s in servers.split(",") if s.strip()]
-    master = settings.get("master")
-    if not servers and not master:
-        raise ConfigError("gcache_master", master, "set gcache_master (masters' HOST:PORT) or "
-                          "gcache_servers (data servers' HOST:PORT) in the extra config")
-    kwargs: dict[str, Any] = {}
-    if "timeout_ms" in settings:
-        kwargs["timeout_s"] = _number(settings, "timeout_ms", positive=True) / 1000.0
-    for name in ("io_threads", "group_width"):
-        if name in settings:
-            kwargs[name] = int(_number(settings, name, positive=True))
-    for name in ("token", "transport"):
-        if settings.get(name) is not None:
-            kwargs[name] = str(settings[name])
-    if "verify_arena_reads" in settings:
-        value = settings["verify_arena_reads"]
-        if not isinstance(value, bool):
-            raise ConfigError(PREFIX + "verify_arena_reads", value, "must be true or false")
-        kwargs["verify_arena_reads"] = value
+    config = client_config(settings)
     try:
-        if servers:
-            return Client(list(servers), **kwargs)
-        return Client(master=master, **kwargs)
+        return Client(config=config)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError("gcache_*", dict(settings), str(exc)) from exc
 

@@ -17,6 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
+from gcache.errors import MissingDependency
 from gcache.kv.layout import ModelLayout
 from gcache.kv.page_keys import namespace, page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, policy_from_name
@@ -125,7 +126,7 @@ def plot_curves(rows: Sequence[ReplayRow], path: str, *, title: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'gcache[plot]'") from exc
+        raise MissingDependency("--plot needs matplotlib: pip install 'gcache[plot]'") from exc
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for source, style in (("model", "-o"), ("cluster", "x")):
         for policy in dict.fromkeys(r.policy for r in rows if r.source == source):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from gcache.errors import InvalidRequest
+
 
 def leading(present: Sequence[bool]) -> int:
     """How many entries at the start are all true."""
@@ -48,7 +50,7 @@ def restorable_prefixes(n_pages: int, tail_present: Sequence[bool],
     so the answer is a set, not a length.
     """
     if tail_pages < 1:
-        raise ValueError(f"tail_pages must be at least 1; got {tail_pages}")
+        raise InvalidRequest(f"tail_pages must be at least 1; got {tail_pages}")
     out = []
     run = 0                              # present pages ending at the current prefix
     for p in range(1, n_pages + 1):

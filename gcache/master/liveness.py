@@ -17,6 +17,7 @@ import time
 from gcache.config import MasterConfig
 from gcache.errors import MasterError
 from gcache.master.raft import RaftGroup
+from gcache.master.state import SetState
 
 log = logging.getLogger(__name__)
 
@@ -72,4 +73,4 @@ class Liveness:
                 target = "alive"
             if target != server.state:
                 log.info("liveness.%s server=%s silent_s=%.1f", target, server.id, silent)
-                self.group.submit(("set_state", server.id, target))
+                self.group.submit(SetState(server.id, target))

@@ -22,6 +22,8 @@ from gcache.errors import GCacheError, MasterError
 from gcache.master.liveness import Liveness
 from gcache.master.raft import RaftGroup
 from gcache.master.service import MasterService, TokenCheck
+from gcache.master.state import AnnounceMaster
+from gcache.placement import Placement
 from gcache.proto import master_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gcache.master")
@@ -37,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dead-timeout", dest="dead_timeout_s", help="seconds")
     parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
+    parser.add_argument("--vnodes", help="ring points per server, sent to clients in the map")
+    parser.add_argument("--group-width", dest="group_width",
+                        help="servers one placement group is striped over (sent in the map)")
     parser.add_argument("--config", help="TOML file with a [master] section")
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -47,7 +52,7 @@ def announce(group: RaftGroup, grpc_address: str, stop: threading.Event) -> None
     leader to callers; retried until a leader takes it."""
     while not stop.is_set():
         try:
-            group.submit(("announce_master", group.self_addr, grpc_address))
+            group.submit(AnnounceMaster(group.self_addr, grpc_address))
             return
         except MasterError:
             stop.wait(0.5)
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     interceptors = (TokenCheck(config.token),) if config.token else ()
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)
-    pb_grpc.add_MasterServicer_to_server(MasterService(group, liveness), server)
+    placement = Placement(config.vnodes, config.group_width)
+    pb_grpc.add_MasterServicer_to_server(MasterService(group, liveness, placement), server)
     if server.add_insecure_port(config.listen) == 0:
         sys.stderr.write(f"gcache-master: cannot listen on {config.listen}\n")
         group.close()

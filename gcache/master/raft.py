@@ -24,7 +24,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import SyncObjException
 
 from gcache.errors import Unavailable
-from gcache.master.state import ClusterState
+from gcache.master.state import ClusterState, Command, Result
 
 
 class _Replica(SyncObj):
@@ -35,7 +35,7 @@ class _Replica(SyncObj):
         super().__init__(self_node, list(others), conf)
 
     @replicated
-    def apply(self, command: tuple) -> Any:
+    def apply(self, command: Command) -> Result:
         result = self.state.apply(command)
         self._on_applied()
         return result
@@ -69,7 +69,7 @@ class RaftGroup:
         """The applied state (read-only for callers; may lag the leader's by a few entries)."""
         return self._replica.state
 
-    def submit(self, command: tuple, *, timeout_s: float = 3.0) -> Any:
+    def submit(self, command: Command, *, timeout_s: float = 3.0) -> Result:
         """Replicate ``command`` and return its result once applied here."""
         done = threading.Event()
         outcome: dict[str, Any] = {}
@@ -87,7 +87,8 @@ class RaftGroup:
                               "(no leader or no quorum)")
         if outcome["error"] != FAIL_REASON.SUCCESS:
             raise Unavailable(f"raft command failed: {_reason(outcome['error'])}")
-        return outcome["result"]
+        result: Result = outcome["result"]
+        return result
 
     # ``_isLeader`` / ``_getLeader`` / ``_getTerm`` are pysyncobj internals (0.3.x, pinned)
     # read from gRPC threads. The public ``getStatus()`` is not safe there: it iterates dicts

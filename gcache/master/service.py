@@ -7,7 +7,7 @@ member serves no map until it has caught up with the leader once since it starte
 Register and Drain are Raft commands, which pysyncobj forwards to the leader from any member.
 Heartbeat lives in the leader's memory, so a follower refuses it with FAILED_PRECONDITION and
 names the leader's gRPC address in the ``gcache-leader`` trailing metadata;
-``transport.master_rpc`` follows it.
+``gcache.master_client`` follows it.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ import grpc
 
 from gcache.errors import MasterError
 from gcache.master.liveness import Liveness
+from gcache.master_client import LEADER_KEY, TOKEN_KEY
+from gcache.placement import Placement
 from gcache.master.raft import RaftGroup
-from gcache.master.state import REFUSED, ServerRecord
+from gcache.master.state import (Applied, Command, Drain, Leave, Refused, Register,
+                                 ServerRecord)
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-TOKEN_KEY = "gcache-token"
-LEADER_KEY = "gcache-leader"
 STATE_TO_PB = {"alive": pb.ALIVE, "suspect": pb.SUSPECT, "dead": pb.DEAD,
                "draining": pb.DRAINING, "left": pb.LEFT}
 
@@ -39,8 +40,9 @@ def server_pb(record: ServerRecord) -> pb.Server:
 
 
 class MasterService(pb_grpc.MasterServicer):
-    def __init__(self, group: RaftGroup, liveness: Liveness) -> None:
+    def __init__(self, group: RaftGroup, liveness: Liveness, placement: Placement) -> None:
         self.group, self.liveness = group, liveness
+        self._placement = placement.to_pb()
 
     def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
         s = request.server
@@ -50,7 +52,7 @@ class MasterService(pb_grpc.MasterServicer):
                           f"server.capacity_bytes; got id={s.id!r} address={s.address!r} "
                           f"capacity_bytes={s.capacity_bytes}")
         record = ServerRecord(s.id, s.address, s.host_id, s.capacity_bytes)
-        epoch = self._submit(context, ("register", record))
+        epoch = self._applied(context, self._submit(context, Register(record)))
         self.liveness.beat(s.id)
         log.info("master.registered server=%s address=%s epoch=%d", s.id, s.address, epoch)
         return pb.RegisterReply(id=s.id, epoch=epoch)
@@ -82,20 +84,20 @@ class MasterService(pb_grpc.MasterServicer):
         if request.since_epoch == epoch and epoch:
             return pb.ClusterMap(epoch=epoch, changed=False)
         return pb.ClusterMap(epoch=epoch, changed=True,
-                             servers=[server_pb(s) for s in list(state.servers.values())])
+                             servers=[server_pb(s) for s in list(state.servers.values())],
+                             placement=self._placement)
 
     def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainReply:
-        epoch = self._submit(context, ("drain", request.id))
-        if epoch == REFUSED:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no server {request.id!r} to drain")
-        return pb.DrainReply(epoch=epoch)
+        result = self._submit(context, Drain(request.id))
+        if isinstance(result, Refused):
+            context.abort(grpc.StatusCode.NOT_FOUND, result.reason)
+        return pb.DrainReply(epoch=self._applied(context, result))
 
     def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
-        epoch = self._submit(context, ("leave", request.id))
-        if epoch == REFUSED:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"server {request.id!r} can leave only while it is draining")
-        return pb.LeaveReply(epoch=epoch)
+        result = self._submit(context, Leave(request.id))
+        if isinstance(result, Refused):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, result.reason)
+        return pb.LeaveReply(epoch=self._applied(context, result))
 
     def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
         state, leader = self.group.state, self.group.leader()
@@ -105,11 +107,19 @@ class MasterService(pb_grpc.MasterServicer):
                               raft_term=self.group.term(),
                               servers=[server_pb(s) for s in list(state.servers.values())])
 
-    def _submit(self, context: Any, command: tuple) -> int:
+    def _submit(self, context: Any, command: Command) -> Applied | Refused:
         try:
             return self.group.submit(command)
         except MasterError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise                            # abort raises; this tells the type checker
+
+    @staticmethod
+    def _applied(context: Any, result: Applied | Refused) -> int:
+        if isinstance(result, Refused):      # Register has no precondition: never refused
+            context.abort(grpc.StatusCode.INTERNAL, result.reason)
+            raise AssertionError(result.reason)
+        return result.epoch
 
     def _redirect(self, context: Any) -> None:
         leader = self.group.leader()

@@ -17,10 +17,10 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+
+from gcache.errors import InvalidRequest
 
 STATES = ("alive", "suspect", "dead", "draining", "left")
-REFUSED = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,33 +32,87 @@ class ServerRecord:
     state: str = "alive"
 
 
+# ---- commands: what the Raft log holds (pickled by pysyncobj, so plain frozen records) --------
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """A server joins, or rejoins after a restart (alive again, address and capacity new)."""
+    record: ServerRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """Liveness moves a server between alive, suspect and dead."""
+    server_id: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """An operator asks a server to hand its keys over; refused for an unknown server."""
+    server_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """A drained server is done; refused unless it is draining."""
+    server_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceMaster:
+    """A member's gRPC address, for followers' redirects."""
+    raft: str
+    grpc: str
+
+
+Command = Register | SetState | Drain | Leave | AnnounceMaster
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The command took effect (or changed nothing); the map's epoch after it."""
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The command's precondition did not hold in log order; nothing changed."""
+    reason: str
+
+
+Result = Applied | Refused
+
+
 class ClusterState:
     def __init__(self) -> None:
         self.servers: dict[str, ServerRecord] = {}
         self.epoch = 0
         self.masters: dict[str, str] = {}    # raft address -> gRPC address, for redirects
 
-    def apply(self, command: tuple) -> Any:
-        """Apply one command; returns the epoch after it, or ``REFUSED`` for a drain of an
-        unknown server or a leave of one that is not draining. Commands: ``("register",
-        record)``, ``("set_state", id, state)``, ``("drain", id)``, ``("leave", id)``,
-        ``("announce_master", raft, grpc)``. Drain and leave check their precondition here, in
-        log order, because a member's own view may lag the log."""
-        op = command[0]
-        if op == "register":
-            return self._register(command[1])
-        if op == "set_state":
-            return self._set_state(command[1], command[2])
-        if op in ("drain", "leave"):
-            record = self.servers.get(command[1])
-            allowed = record is not None and (op == "drain" or record.state == "draining")
-            if not allowed:
-                return REFUSED
-            return self._set_state(command[1], "draining" if op == "drain" else "left")
-        if op == "announce_master":
-            self.masters[command[1]] = command[2]
-            return self.epoch
-        raise ValueError(f"unknown command {op!r}")
+    def apply(self, command: Command) -> Result:
+        """Apply one command. Drain and leave check their precondition here, in log order,
+        because a member's own view may lag the log."""
+        if isinstance(command, Register):
+            return Applied(self._register(command.record))
+        if isinstance(command, SetState):
+            return Applied(self._set_state(command.server_id, command.state))
+        if isinstance(command, Drain):
+            if command.server_id not in self.servers:
+                return Refused(f"no server {command.server_id!r} to drain")
+            return Applied(self._set_state(command.server_id, "draining"))
+        if isinstance(command, Leave):
+            record = self.servers.get(command.server_id)
+            if record is None or record.state != "draining":
+                return Refused(f"server {command.server_id!r} can leave only while it is "
+                               "draining")
+            return Applied(self._set_state(command.server_id, "left"))
+        if isinstance(command, AnnounceMaster):
+            self.masters[command.raft] = command.grpc
+            return Applied(self.epoch)
+        raise InvalidRequest(f"unknown command {command!r}")
 
     def _register(self, record: ServerRecord) -> int:
         record = replace(record, state="alive")
@@ -69,7 +123,7 @@ class ClusterState:
 
     def _set_state(self, server_id: str, state: str) -> int:
         if state not in STATES:
-            raise ValueError(f"state {state!r} is not one of {STATES}")
+            raise InvalidRequest(f"state {state!r} is not one of {STATES}")
         current = self.servers.get(server_id)
         if current is not None and current.state != state:
             self.servers[server_id] = replace(current, state=state)

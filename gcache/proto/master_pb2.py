@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gcache/proto/master.proto\x12\rgcache.master\"y\n\x06Server\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.gcache.master.ServerState\"8\n\x0fRegisterRequest\x12%\n\x06server\x18\x01 \x01(\x0b\x32\x15.gcache.master.Server\"*\n\rRegisterReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x1e\n\x10HeartbeatRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.gcache.master.ServerState\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\"T\n\nClusterMap\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12&\n\x07servers\x18\x03 \x03(\x0b\x32\x15.gcache.master.Server\"\x1a\n\x0c\x44rainRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nDrainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1a\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nLeaveReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xa7\x01\n\x0bStatusReply\x12\x11\n\tself_raft\x18\x01 \x01(\t\x12\x13\n\x0bleader_raft\x18\x02 \x01(\t\x12\x13\n\x0bleader_grpc\x18\x03 \x01(\t\x12\x11\n\tis_leader\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x11\n\traft_term\x18\x06 \x01(\x04\x12&\n\x07servers\x18\x07 \x03(\x0b\x32\x15.gcache.master.Server*e\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x12\x08\n\x04LEFT\x10\x05\x32\xb6\x03\n\x06Master\x12H\n\x08Register\x12\x1e.gcache.master.RegisterRequest\x1a\x1c.gcache.master.RegisterReply\x12K\n\tHeartbeat\x12\x1f.gcache.master.HeartbeatRequest\x1a\x1d.gcache.master.HeartbeatReply\x12O\n\rGetClusterMap\x12#.gcache.master.GetClusterMapRequest\x1a\x19.gcache.master.ClusterMap\x12?\n\x05\x44rain\x12\x1b.gcache.master.DrainRequest\x1a\x19.gcache.master.DrainReply\x12?\n\x05Leave\x12\x1b.gcache.master.LeaveRequest\x1a\x19.gcache.master.LeaveReply\x12\x42\n\x06Status\x12\x1c.gcache.master.StatusRequest\x1a\x1a.gcache.master.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gcache/proto/master.proto\x12\rgcache.master\"y\n\x06Server\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.gcache.master.ServerState\"8\n\x0fRegisterRequest\x12%\n\x06server\x18\x01 \x01(\x0b\x32\x15.gcache.master.Server\"*\n\rRegisterReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x1e\n\x10HeartbeatRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.gcache.master.ServerState\"0\n\tPlacement\x12\x0e\n\x06vnodes\x18\x01 \x01(\r\x12\x13\n\x0bgroup_width\x18\x02 \x01(\r\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\"\x81\x01\n\nClusterMap\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12&\n\x07servers\x18\x03 \x03(\x0b\x32\x15.gcache.master.Server\x12+\n\tplacement\x18\x04 \x01(\x0b\x32\x18.gcache.master.Placement\"\x1a\n\x0c\x44rainRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nDrainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1a\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nLeaveReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xa7\x01\n\x0bStatusReply\x12\x11\n\tself_raft\x18\x01 \x01(\t\x12\x13\n\x0bleader_raft\x18\x02 \x01(\t\x12\x13\n\x0bleader_grpc\x18\x03 \x01(\t\x12\x11\n\tis_leader\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x11\n\traft_term\x18\x06 \x01(\x04\x12&\n\x07servers\x18\x07 \x03(\x0b\x32\x15.gcache.master.Server*e\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x12\x08\n\x04LEFT\x10\x05\x32\xb6\x03\n\x06Master\x12H\n\x08Register\x12\x1e.gcache.master.RegisterRequest\x1a\x1c.gcache.master.RegisterReply\x12K\n\tHeartbeat\x12\x1f.gcache.master.HeartbeatRequest\x1a\x1d.gcache.master.HeartbeatReply\x12O\n\rGetClusterMap\x12#.gcache.master.GetClusterMapRequest\x1a\x19.gcache.master.ClusterMap\x12?\n\x05\x44rain\x12\x1b.gcache.master.DrainRequest\x1a\x19.gcache.master.DrainReply\x12?\n\x05Leave\x12\x1b.gcache.master.LeaveRequest\x1a\x19.gcache.master.LeaveReply\x12\x42\n\x06Status\x12\x1c.gcache.master.StatusRequest\x1a\x1a.gcache.master.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gcache.proto.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVERSTATE']._serialized_start=809
-  _globals['_SERVERSTATE']._serialized_end=910
+  _globals['_SERVERSTATE']._serialized_start=905
+  _globals['_SERVERSTATE']._serialized_end=1006
   _globals['_SERVER']._serialized_start=44
   _globals['_SERVER']._serialized_end=165
   _globals['_REGISTERREQUEST']._serialized_start=167
@@ -43,22 +43,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_end=299
   _globals['_HEARTBEATREPLY']._serialized_start=301
   _globals['_HEARTBEATREPLY']._serialized_end=375
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=377
-  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=420
-  _globals['_CLUSTERMAP']._serialized_start=422
-  _globals['_CLUSTERMAP']._serialized_end=506
-  _globals['_DRAINREQUEST']._serialized_start=508
-  _globals['_DRAINREQUEST']._serialized_end=534
-  _globals['_DRAINREPLY']._serialized_start=536
-  _globals['_DRAINREPLY']._serialized_end=563
-  _globals['_LEAVEREQUEST']._serialized_start=565
-  _globals['_LEAVEREQUEST']._serialized_end=591
-  _globals['_LEAVEREPLY']._serialized_start=593
-  _globals['_LEAVEREPLY']._serialized_end=620
-  _globals['_STATUSREQUEST']._serialized_start=622
-  _globals['_STATUSREQUEST']._serialized_end=637
-  _globals['_STATUSREPLY']._serialized_start=640
-  _globals['_STATUSREPLY']._serialized_end=807
-  _globals['_MASTER']._serialized_start=913
-  _globals['_MASTER']._serialized_end=1351
+  _globals['_PLACEMENT']._serialized_start=377
+  _globals['_PLACEMENT']._serialized_end=425
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_start=427
+  _globals['_GETCLUSTERMAPREQUEST']._serialized_end=470
+  _globals['_CLUSTERMAP']._serialized_start=473
+  _globals['_CLUSTERMAP']._serialized_end=602
+  _globals['_DRAINREQUEST']._serialized_start=604
+  _globals['_DRAINREQUEST']._serialized_end=630
+  _globals['_DRAINREPLY']._serialized_start=632
+  _globals['_DRAINREPLY']._serialized_end=659
+  _globals['_LEAVEREQUEST']._serialized_start=661
+  _globals['_LEAVEREQUEST']._serialized_end=687
+  _globals['_LEAVEREPLY']._serialized_start=689
+  _globals['_LEAVEREPLY']._serialized_end=716
+  _globals['_STATUSREQUEST']._serialized_start=718
+  _globals['_STATUSREQUEST']._serialized_end=733
+  _globals['_STATUSREPLY']._serialized_start=736
+  _globals['_STATUSREPLY']._serialized_end=903
+  _globals['_MASTER']._serialized_start=1009
+  _globals['_MASTER']._serialized_end=1447
 # @@protoc_insertion_point(module_scope)

@@ -9,8 +9,9 @@ failures into misses. Invariants:
   caller is blocked either way, and on these machines handing work to a thread and back costs
   about 120 us, more than a whole 64 KiB exchange.
 - A miss of any cause (absent, evicted, unreachable, timeout, checksum mismatch) is ``None`` /
-  ``False`` and is counted by reason; only bad arguments raise (ValueError / TypeError), checked
-  before any IO except an ``out`` too small for the value, which is known only after the lookup.
+  ``False`` and is counted by reason; only bad arguments raise (InvalidRequest, a ValueError, or
+  WrongType, also a TypeError), checked before any IO except an ``out`` too small for the
+  value, which is known only after the lookup.
 - Bytes read over TCP are checked against the stored xxh3_64 before a call reports a hit, so
   a corrupted value is a miss, never wrong KV; bytes copied out of an arena were checked by the
   server when committed and are not hashed again unless ``verify_arena_reads``
@@ -29,6 +30,7 @@ from typing import Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
+from gcache.errors import InvalidRequest, WrongType
 from gcache.frame import FLAG_CONTENT_ADDRESSED
 from gcache.keys import group_hash, validate_key
 from gcache.sdk import batch, protocol
@@ -38,7 +40,7 @@ from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.transport.cuda import after_callers_work
-from gcache.transport.master_rpc import MasterLink, parse_masters
+from gcache.master_client import MasterClient, parse_masters
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +60,26 @@ class Client:
         fields = {name: getattr(base, name) for name in ClientConfig.__slots__}
         if servers is not None:
             if isinstance(servers, str):
-                raise TypeError("servers must be a list of 'HOST:PORT' strings, not one str")
+                raise WrongType("servers must be a list of 'HOST:PORT' strings, not one str")
             fields["servers"] = tuple(servers)
         if master is not None:
             fields["master"] = tuple(parse_masters(master))
         unknown = set(overrides) - set(fields)
         if unknown:
-            raise TypeError(f"unknown Client arguments {sorted(unknown)}; see ClientConfig")
+            raise WrongType(f"unknown Client arguments {sorted(unknown)}; see ClientConfig")
         fields.update(overrides)
         self.config = cfg = ClientConfig(**fields)
         if bool(cfg.servers) == bool(cfg.master):
-            raise ValueError("give either servers=['HOST:PORT', ...] or master='HOST:PORT[,...]'"
-                             f"; got servers={list(cfg.servers)} master={list(cfg.master)}")
+            raise InvalidRequest("give either servers=['HOST:PORT', ...] or "
+                                 f"master='HOST:PORT[,...]'; got servers={list(cfg.servers)} "
+                                 f"master={list(cfg.master)}")
         self._stats = ClientStats()
         self._d = Dispatcher(cfg, self._stats)
         self._map: MapFollower | None = None
         if cfg.master:
-            self._map = MapFollower(MasterLink(cfg.master, token=cfg.token),
-                                    self._d.set_members, refresh_s=cfg.map_refresh_s)
+            self._map = MapFollower(MasterClient(cfg.master, token=cfg.token),
+                                    self._d.place_on, fallback=self._d.own_placement,
+                                    refresh_s=cfg.map_refresh_s)
             self._map.start()
 
     def __repr__(self) -> str:
@@ -105,10 +109,11 @@ class Client:
             view = as_memoryview(value, writable=False, what=what)
         size = nbytes(view)
         if size == 0:
-            raise ValueError(f"{what} is empty; a value is 1..{self.config.max_value_size} bytes")
+            raise InvalidRequest(f"{what} is empty; a value is 1..{self.config.max_value_size} "
+                                 "bytes")
         if size > self.config.max_value_size:
-            raise ValueError(f"{what} is {size} bytes; limit is max_value_size="
-                             f"{self.config.max_value_size}")
+            raise InvalidRequest(f"{what} is {size} bytes; limit is max_value_size="
+                                 f"{self.config.max_value_size}")
         return view
 
     @staticmethod
@@ -129,8 +134,8 @@ class Client:
         if not isinstance(group, (list, tuple)):
             return cls._group(group)
         if len(group) != n_keys:
-            raise ValueError(f"group holds {len(group)} groups for {n_keys} keys; give one "
-                             "group, or one per key")
+            raise InvalidRequest(f"group holds {len(group)} groups for {n_keys} keys; give one "
+                                 "group, or one per key")
         return [cls._group(g) for g in group]
 
     # ---- single-key operations ----------------------------------------------------------------
@@ -204,7 +209,7 @@ class Client:
                   group: Any = None, content_addressed: bool = False) -> list[bool]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(values):
-            raise ValueError(f"batch_put got {len(raw)} keys and {len(values)} values")
+            raise InvalidRequest(f"batch_put got {len(raw)} keys and {len(values)} values")
         views = [self._value(v, f"values[{i}]") for i, v in enumerate(values)]
         return batch.batch_put(self._d, raw, views, self._groups(group, len(raw)),
                                flags=_flags(content_addressed))
@@ -217,7 +222,7 @@ class Client:
                        group: Any = None) -> list[int | None]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(outs):
-            raise ValueError(f"batch_get_into got {len(raw)} keys and {len(outs)} outs")
+            raise InvalidRequest(f"batch_get_into got {len(raw)} keys and {len(outs)} outs")
         targets = [self._out(o, f"outs[{i}]") for i, o in enumerate(outs)]
         return batch.batch_read(self._d, raw, targets, self._groups(group, len(raw)))
 

@@ -3,8 +3,8 @@
 ``MapFollower`` fetches the map once at start (briefly waiting for a master), then asks every
 ``refresh_s`` whether the epoch moved (``GetClusterMap(since_epoch)``: an unchanged map costs a
 few bytes). A new map rebuilds the ring over every server the map knows, weighted by
-capacity, with the alive and suspect ones owning keys (see ``gcache.ring`` for why the others
-stay on it). When no master answers, the client keeps placing keys on its cached map, so a master
+capacity, with the alive and suspect ones owning keys (see ``gcache.placement`` for why the
+others stay on it), under the map's placement parameters. When no master answers, the client keeps placing keys on its cached map, so a master
 failover or outage never stalls IO; a server that died meanwhile costs fast misses until a
 master answers again.
 """
@@ -16,8 +16,8 @@ import threading
 from typing import Callable
 
 from gcache.errors import MasterError
-from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import IN_MAP, MasterLink, jittered
+from gcache.master_client import MasterClient, jittered
+from gcache.placement import PlacedMap, Placement
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,13 @@ FIRST_FETCH_S = 5.0       # how long a new client waits for its first map before
 
 
 class MapFollower(threading.Thread):
-    def __init__(self, link: MasterLink,
-                 apply: Callable[[int, dict[str, tuple[str, float]], set[str]], None], *,
-                 refresh_s: float) -> None:
+    def __init__(self, link: MasterClient, apply: Callable[[int, PlacedMap], None], *,
+                 fallback: Placement, refresh_s: float) -> None:
+        """``apply(epoch, placed)`` on every new map; ``fallback``: the placement for maps
+        from masters that send none."""
         super().__init__(name="gcache-map", daemon=True)
         self.link, self.apply, self.refresh_s = link, apply, refresh_s
+        self.fallback = fallback
         self.epoch = 0
         self._halt = threading.Event()
         self._first = threading.Event()
@@ -57,16 +59,18 @@ class MapFollower(threading.Thread):
 
     def refresh(self) -> bool:
         """Fetch the map if its epoch moved; True when it changed."""
-        reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest(since_epoch=self.epoch))
+        reply = self.link.cluster_map(self.epoch)
         if not reply.changed or reply.epoch < self.epoch:
             # An older map comes from a member that has not caught up: never go back to it.
             self._first.set()
             return False
-        members = {s.id: (s.address, float(s.capacity_bytes)) for s in reply.servers}
-        live = {s.id for s in reply.servers if s.state in IN_MAP}
-        self.apply(reply.epoch, members, live)
-        log.info("map.updated epoch=%d servers=%d live=%d", reply.epoch, len(members),
-                 len(live))
+        placed = PlacedMap.of_map(reply, self.fallback)
+        if placed.placement != self.fallback:
+            log.info("map.placement %s (the masters'; this client's config says %s)",
+                     placed.placement, self.fallback)
+        self.apply(reply.epoch, placed)
+        log.info("map.updated epoch=%d servers=%d live=%d", reply.epoch,
+                 len(placed.address_of), len(placed.ring.live))
         self.epoch = reply.epoch
         self._first.set()
         return True

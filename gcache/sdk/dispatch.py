@@ -18,7 +18,8 @@ from gcache.config import ClientConfig
 from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError,
                            ServerError, TransportError)
 from gcache.keys import key_hash
-from gcache.ring import Ring
+from gcache.outcomes import error_miss
+from gcache.placement import PlacedMap, Placement
 from gcache.sdk.exchange import Exchange
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.pool import ServerPool
@@ -43,29 +44,18 @@ class Miss:
 MISS = Miss()
 
 
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, AuthFailed):
-        return "auth"
-    if isinstance(exc, IOTimeout):
-        return "timeout"
-    if isinstance(exc, ConnectFailed):
-        return "unreachable"
-    if isinstance(exc, ConnectionLost):
-        return "connection_lost"
-    if isinstance(exc, ProtocolError):
-        return "protocol"
-    return "server_error"
-
-
 class Dispatcher:
     def __init__(self, config: ClientConfig, stats: ClientStats) -> None:
         self.config = config
         self.stats = stats
         self.epoch = 0
-        # (ring, server id -> address), replaced whole: readers take one reference, no lock
-        self._placement: tuple[Ring, dict[str, str]] = (Ring({}), {})
+        # without masters, the placement is this client's own; with them, the map's
+        self.own_placement = Placement(vnodes=config.vnodes, group_width=config.group_width)
+        # replaced whole: readers take one reference, no lock
+        self._placed = PlacedMap({}, None, self.own_placement)
         if config.servers:
-            self.set_members(0, {a: (a, 1.0) for a in config.servers})
+            self.place_on(0, PlacedMap({a: (a, 1.0) for a in config.servers}, None,
+                                       self.own_placement))
         self._cuda_staging: Any = None
         self._staging_lock = threading.Lock()
         devices, cpus = rail_of(config)
@@ -96,20 +86,15 @@ class Dispatcher:
 
     # ---- placement ------------------------------------------------------------------------------
 
-    def set_members(self, epoch: int, members: dict[str, tuple[str, float]],
-                    live: set[str] | None = None) -> None:
-        """Place keys from now on over ``members`` (server id -> (address, capacity weight)),
-        every server the map knows; only ``live`` ones (default: all) own keys. The ring is keyed
-        by id, so a server that comes back at a new address keeps its keys."""
-        ring = Ring({sid: weight for sid, (_, weight) in members.items()},
-                    vnodes=self.config.vnodes, live=live)
-        self._placement = (ring, {sid: address for sid, (address, _) in members.items()})
+    def place_on(self, epoch: int, placed: PlacedMap) -> None:
+        """Place keys from now on as ``placed`` says (the map of ``epoch``)."""
+        self._placed = placed
         self.epoch = epoch
 
     def addresses(self) -> list[str]:
         """Data-plane addresses of the live servers in the current map."""
-        ring, address_of = self._placement
-        return sorted(address_of[sid] for sid in ring.live)
+        placed = self._placed
+        return sorted(placed.address_of[sid] for sid in placed.ring.live)
 
     def verifies(self, exchange: Exchange) -> bool:
         """Whether reads over ``exchange`` hash the bytes they land: always bytes that came in
@@ -133,13 +118,7 @@ class Dispatcher:
 
     def _owners(self, group: bytes | None) -> Callable[[bytes], str | None]:
         """Key -> owner address under one snapshot of the map; a group's slots are placed once."""
-        ring, address_of = self._placement
-        if group is None:
-            return lambda key: address_of.get(ring.owner(key) or "")
-        width = self.config.group_width
-        slots = [None if sid is None else address_of.get(sid)
-                 for sid in ring.slot_owners(key_hash(group), width)]
-        return lambda key: slots[key_hash(key) % width]
+        return self._placed.owners(0 if group is None else key_hash(group))
 
     def plan(self, keys: Sequence[bytes], group: Groups, *,
              one_group_each: bool = False) -> list[tuple[str | None, list[int]]]:
@@ -222,7 +201,7 @@ class Dispatcher:
     def _failed(self, link: Link | None, address: str, exc: Exception, n_keys: int) -> Miss:
         self.pool.fail(link, address)
         self.routes.forget(address)
-        reason = _reason(exc)
+        reason = error_miss(exc)
         self.stats.miss(reason, n_keys)
         level = logging.ERROR if reason == "auth" else logging.WARNING   # misconfigured, not lost
         log.log(level, "sdk.miss server=%s reason=%s detail=%s", address, reason, exc)

@@ -26,9 +26,10 @@ from typing import Any
 from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, ProtocolError
 from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
-                          encode_keys, raise_for_status)
+                          encode_keys)
 from gcache.keys import checksum
-from gcache.sdk.protocol import Channel, ReadResult, check_fits, raise_for_status_except_space
+from gcache.outcomes import raise_for_status, raise_unless_answer
+from gcache.sdk.protocol import Channel, ReadResult, check_fits
 from gcache.transport.stream import StreamConnection
 
 PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
@@ -84,9 +85,9 @@ def lease(ch: Channel, key: bytes, *, window_s: float) -> Extent | Status | None
     disk with no room in memory to bring it up now."""
     asked_s = time.monotonic()
     reply = ch.reply(ch.request(Op.LEASE, key=key))
+    raise_unless_answer(reply, "LEASE")
     if reply.status == Status.NO_SPACE:
         return Status.NO_SPACE
-    raise_for_status(reply, "LEASE")
     if reply.status == Status.NOT_FOUND:
         return None
     ch.check_value_length(reply.length)
@@ -135,8 +136,8 @@ def alloc(ch: Channel, key: bytes, size: int, *, group: int, window_s: float,
           flags: int = 0) -> Extent | Status:
     """One ALLOC (``flags``: the put's); the extent to write, or NO_SPACE."""
     asked_s = time.monotonic()
-    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, handle=group, flags=flags))
-    raise_for_status_except_space(reply, "ALLOC")
+    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, group=group, flags=flags))
+    raise_unless_answer(reply, "ALLOC")
     if reply.status != Status.OK:
         return reply.status
     return _allocated(reply.handle, reply.offset, reply.length, size, asked_s + window_s)
@@ -147,10 +148,10 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, grou
     """Pipelined ALLOCs; NO_SPACE where the server had no room."""
     extents: list[Extent | Status] = []
     until_s = time.monotonic() + window_s
-    requests = [dict(key=k, length=size, handle=group, flags=flags)
+    requests = [dict(key=k, length=size, group=group, flags=flags)
                 for k, size in zip(keys, sizes)]
     for n, reply in enumerate(_pipelined(ch, requests, Op.ALLOC)):
-        raise_for_status_except_space(reply, "ALLOC")
+        raise_unless_answer(reply, "ALLOC")
         extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], until_s)
                        if reply.status == Status.OK else Status.NO_SPACE)
     return extents
@@ -168,7 +169,7 @@ def _allocated(handle: int, offset: int, length: int, asked: int, until_s: float
 def commit(ch: Channel, handle: int, digest: int) -> Status:
     """COMMIT: OK, NO_SPACE or CHECKSUM_MISMATCH (the server's hash of the arena bytes)."""
     reply = ch.reply(ch.request(Op.COMMIT, handle=handle, checksum=digest))
-    raise_for_status_except_space(reply, "COMMIT")
+    raise_unless_answer(reply, "COMMIT")
     return reply.status
 
 
@@ -177,7 +178,7 @@ def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> 
     statuses = []
     for reply in _pipelined(ch, [dict(handle=h, checksum=d) for h, d in zip(handles, digests)],
                             Op.COMMIT):
-        raise_for_status_except_space(reply, "COMMIT")
+        raise_unless_answer(reply, "COMMIT")
         statuses.append(reply.status)
     return statuses
 

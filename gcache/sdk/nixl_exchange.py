@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gcache.buffer import is_cuda_tensor, nbytes
+from gcache.buffer import is_cuda_tensor
 from gcache.errors import ProtocolError
 from gcache.keys import checksum_stream
 from gcache.sdk.leases import Extent, LeasedExchange, check_window

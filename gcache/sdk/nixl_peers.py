@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
 from typing import Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
-from gcache.errors import ConnectFailed, ProtocolError
+from gcache.errors import ConnectFailed, InvalidRequest, ProtocolError
 from gcache.sdk.nixl_exchange import NixlExchange
 
 BOUNCE_SLOT_MAX = 4 << 20
@@ -127,7 +127,7 @@ def _region_of(buffer: Any) -> Any:
     import numpy as np
     view = as_memoryview(buffer, writable=False, what="buffer")
     if len(view) == 0:
-        raise ValueError("buffer is empty; there is nothing to register")
+        raise InvalidRequest("buffer is empty; there is nothing to register")
     return Region(np.frombuffer(view, dtype=np.uint8).ctypes.data, len(view))
 
 

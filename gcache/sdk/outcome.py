@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from gcache.frame import Status
+from gcache.outcomes import status_miss
 from gcache.sdk.dispatch import MISS, Miss
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.protocol import ReadResult
@@ -20,7 +21,7 @@ def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool
     if status == Status.OK:
         stats.stored(n_bytes)
         return True
-    stats.miss("no_space" if status == Status.NO_SPACE else "checksum")
+    stats.miss(status_miss(status))
     return False
 
 
@@ -30,15 +31,12 @@ def read_outcome(stats: ClientStats, result: ReadResult | Status | None | Miss, 
     a value the server could not bring up from its disk for want of memory (NO_SPACE)."""
     if result is MISS:
         return None
-    if result is Status.NO_SPACE:
-        stats.miss("no_space")
-        return None
-    if result is None:
-        stats.miss("absent")
+    if result is None or isinstance(result, Status):
+        stats.miss(status_miss(Status.NOT_FOUND if result is None else result))
         return None
     if not result.checksum_ok:
         log.error("sdk.checksum_mismatch bytes=%d", result.length)
-        stats.miss("checksum")
+        stats.miss(status_miss(Status.CHECKSUM_MISMATCH))
         return None
     stats.hit(result.length)
     return bytes(result.data[:result.length]) if want_bytes else result.length

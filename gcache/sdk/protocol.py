@@ -23,7 +23,8 @@ from typing import Any
 
 from gcache.errors import InvalidRequest, ProtocolError
 from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
-                          Header, Op, Status, encode_keys, raise_for_status, unpack_header)
+                          Header, Op, Status, encode_keys, unpack_header)
+from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.keys import checksum_stream
 from gcache.transport.stream import StreamConnection
 
@@ -101,7 +102,7 @@ def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int 
     makes a second pass over the value.
     """
     request = ch.header(Op.PUT, key=key, payload_len=len(value) + TRAILER.size,
-                        flags=FLAG_CHECKSUM_TRAILS | flags, handle=group)
+                        flags=FLAG_CHECKSUM_TRAILS | flags, group=group)
     hasher = checksum_stream()
     first = value[:io_size]
     hasher.update(first)
@@ -112,14 +113,8 @@ def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int 
         ch.conn.send((piece,), timeout_s=ch.timeout_s)
     ch.conn.send((TRAILER.pack(hasher.intdigest()),), timeout_s=ch.timeout_s)
     reply = ch.reply(request)
-    raise_for_status_except_space(reply, "PUT")
+    raise_unless_answer(reply, "PUT")
     return reply.status
-
-
-def raise_for_status_except_space(reply: Header, context: str) -> None:
-    """NO_SPACE and CHECKSUM_MISMATCH are outcomes a put reports, not failures of the channel."""
-    if reply.status not in (Status.NO_SPACE, Status.CHECKSUM_MISMATCH):
-        raise_for_status(reply, context)
 
 
 def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
@@ -127,8 +122,7 @@ def get_length(ch: Channel, key: bytes) -> tuple[Header, Header]:
     NO_SPACE (on disk, no room in memory now) is an answer, not a failure."""
     request = ch.request(Op.GET, key=key)
     reply = ch.reply(request)
-    if reply.status != Status.NO_SPACE:
-        raise_for_status(reply, "GET")
+    raise_unless_answer(reply, "GET")
     return request, reply
 
 
@@ -188,7 +182,7 @@ def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
     table = b"".join(PUT_ENTRY.pack(len(k), len(v), c)
                      for k, v, c in zip(keys, values, checksums))
     reply = ch.reply(ch.request(Op.BATCH_PUT, payload=(table, b"".join(keys), *values),
-                                count=len(keys), handle=group, flags=flags))
+                                count=len(keys), group=group, flags=flags))
     raise_for_status(reply, "BATCH_PUT")
     statuses = ch.payload(reply, limit=len(keys))
     if len(statuses) != len(keys):

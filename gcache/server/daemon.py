@@ -21,17 +21,19 @@ from typing import Any
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, TransportError
-from gcache.server.cluster_ring import fetch_map, ring_of
+from gcache.server.cold_store import ColdStore
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier import HotTier
+from gcache.server.tier_protocol import Tier
 from gcache.server.tiered import TieredStore
 from gcache.transport.stream import StreamConnection
 from gcache.frame import VERSION
 from gcache.transport.shm import UnixListener, host_id
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
+from gcache.placement import PlacedMap, Placement
 from gcache.transport.tcp import TcpListener
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class DataServer:
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"
-        self.tier = open_tiers(config, shm_name)
+        self.tier: Tier = open_tiers(config, shm_name)
         self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
                                                                  or f"/tmp/{shm_name}.sock")
         self.unix_listener = (UnixListener(self.unix_path, io_size=config.io_size)
@@ -95,7 +97,7 @@ class DataServer:
         self.mutable = MutableKeys(places[0].removesuffix(".id") + ".mutable", self.tier.delete)
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
                            host_id=host_id(), capacity_bytes=self.config.memory)
-        link = MasterLink(self.config.master, token=self.config.token)
+        link = MasterClient(self.config.master, token=self.config.token)
         return Membership(link, record, interval_s=self.config.heartbeat_interval_s,
                           on_state=self._membership_changed, on_answer=self._master_answered)
 
@@ -115,18 +117,18 @@ class DataServer:
         there next would be newer than ours, and could come back to us: ``mutable_keys``)."""
         with self._disowning:                 # one pass at a time; a later change runs next
             try:
-                ring, _ = ring_of(fetch_map(self.config), vnodes=self.config.vnodes)
+                with MasterClient(self.config.master, token=self.config.token) as masters:
+                    placed = PlacedMap.of_map(masters.cluster_map(), Placement())
             except GCacheError as exc:
                 log.warning("mutable_keys.no_map error=%s", exc)
                 return
-            me, width = self.membership.record.id, self.config.group_width
-            self.mutable.drop_unless(
-                lambda key, group: ring.owner_by_hash(key, group, group_width=width) == me)
+            me = self.membership.record.id
+            self.mutable.drop_unless(lambda key, group: placed.owner_id(key, group) == me)
 
     def _membership_changed(self, state: str) -> None:
         """A drain starts the handoff once; having left, the server stops (exit code 0)."""
         if state == "draining" and self._handoff is None:
-            link = MasterLink(self.config.master, token=self.config.token)
+            link = MasterClient(self.config.master, token=self.config.token)
             self._handoff = Handoff(self.tier, link, self.membership.record.id, self.config,
                                     on_left=self.stop.set, mutable=self.mutable)
             self._handoff.start()
@@ -178,15 +180,17 @@ class DataServer:
             if expired:
                 log.warning("lease.expired count=%d", expired)
 
-    def _stat_extra(self) -> dict:
+    def _stat_extra(self) -> dict[str, Any]:
         with self._lock:
             connections = len(self._conns)
-        extra = {"server": {"address": self.address, "connections": connections,
-                            "uptime_s": round(time.monotonic() - self._started_s, 3),
-                            "io_size": self.config.io_size,
-                            "max_value_size": self.config.max_value_size}}
-        if isinstance(self.tier, TieredStore):
-            extra["tiers"] = self.tier.tier_stats()
+        extra: dict[str, Any] = {
+            "server": {"address": self.address, "connections": connections,
+                       "uptime_s": round(time.monotonic() - self._started_s, 3),
+                       "io_size": self.config.io_size,
+                       "max_value_size": self.config.max_value_size}}
+        tiers = self.tier.tier_stats()
+        if tiers is not None:
+            extra["tiers"] = tiers
         return extra
 
     def shutdown(self, *, join_s: float = 2.0) -> None:
@@ -218,6 +222,7 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
                        lease_ttl_s=config.lease_ttl_s)
     from gcache.server.cold_segments import check_disk_dir
     check_disk_dir(config.disk_dir)
+    cold: ColdStore
     if config.disk_format == "blobs":
         from gcache.server.cold_blobs import BlobColdStore
         cold = BlobColdStore(os.path.join(config.disk_dir, "blobs"), config.disk_capacity)

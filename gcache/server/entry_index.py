@@ -46,6 +46,7 @@ class EntryIndex(dict):
         raise KeyError(key)
 
     def _unsupported(self, *args: Any, **kwargs: Any) -> None:
+        # builtin on purpose: a bug in our tier, not a bad request (the handler answers those)
         raise TypeError("EntryIndex changes only by [key] = entry, del and pop (they keep "
                         "value_bytes)")
 

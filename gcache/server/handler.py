@@ -35,7 +35,8 @@ from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_CONTENT_ADDRESSED, FLAG_IN_
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request
-from gcache.server.tier import Entry, HotTier
+from gcache.server.tier import Entry
+from gcache.server.tier_protocol import Tier
 from gcache.transport.stream import StreamConnection
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
-    def __init__(self, conn: StreamConnection, tier: HotTier, config: ServerConfig, *,
+    def __init__(self, conn: StreamConnection, tier: Tier, config: ServerConfig, *,
                  stat_extra: Callable[[], dict], is_stopping: Callable[[], bool],
                  hello: dict, arena_fd: int | None, mutable: MutableKeys | None = None) -> None:
         self.conn = conn
@@ -158,7 +159,7 @@ class ConnectionHandler:
         """Receive a value into a fresh extent and commit it; the status for the reply.
 
         ``expected`` None means the checksum trails the value on the wire. ``group``: the
-        request's ``handle`` field, the placement-group hash (0: none), kept for a drain.
+        request's ``group`` field, the placement-group hash (0: none), kept for a drain.
         """
         trailer = TRAILER.size if expected is None else 0
         self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED),
@@ -204,9 +205,9 @@ class ConnectionHandler:
 
     def _put(self, h: Header, key: bytes) -> None:
         if not h.flags & FLAG_CHECKSUM_TRAILS:
-            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.handle, h.flags))
+            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.group, h.flags))
             return
-        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.handle,
+        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.group,
                                         h.flags))
 
     def _lease_or_status(self, key: bytes, *,
@@ -240,9 +241,9 @@ class ConnectionHandler:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
         self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED),
-                             group=h.handle)
+                             group=h.group)
         try:
-            handle, offset, target = self.tier.alloc(key, h.length, group=h.handle)
+            handle, offset, target = self.tier.alloc(key, h.length, group=h.group)
         except NoSpace:
             self._reply(h, Status.NO_SPACE)
             return
@@ -310,7 +311,7 @@ class ConnectionHandler:
         if h.length > self.config.io_size or h.offset + h.length > entry.length:
             self._reply(h, Status.BAD_REQUEST)
             return
-        view = self.tier.arena.view[entry.value + h.offset:entry.value + h.offset + h.length]
+        view = self.tier.read_view(entry, h.offset, h.length)
         try:
             self._reply(h, Status.OK, payload=(view,), offset=h.offset, length=h.length)
         finally:
@@ -378,7 +379,7 @@ class ConnectionHandler:
         for key_len, length, expected in entries:
             entry_key = bytes(keys_blob[pos:pos + key_len])
             pos += key_len
-            statuses.append(self._recv_value(entry_key, length, expected, h.handle, h.flags))
+            statuses.append(self._recv_value(entry_key, length, expected, h.group, h.flags))
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
 
     def _hello_reply(self, h: Header, key: bytes) -> None:

@@ -14,18 +14,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, NoSpace, Unavailable
 from gcache.frame import (FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status,
                           unpack_header)
-from gcache.proto import master_pb2 as pb
-from gcache.ring import Ring
-from gcache.server.cluster_ring import ring_of
 from gcache.server.mutable_keys import MutableKeys
+from gcache.server.tier_protocol import Tier
 from gcache.transport.handshake import handshake
-from gcache.transport.master_rpc import MasterLink, jittered
+from gcache.master_client import MasterClient, backoff_s
+from gcache.placement import PlacedMap, Placement
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
 
@@ -36,7 +35,7 @@ LEAVE_ATTEMPTS = 10
 
 
 class Handoff(threading.Thread):
-    def __init__(self, tier: Any, link: MasterLink, server_id: str, config: ServerConfig, *,
+    def __init__(self, tier: Tier, link: MasterClient, server_id: str, config: ServerConfig, *,
                  on_left: Callable[[], None], mutable: MutableKeys) -> None:
         super().__init__(name="gcache-handoff", daemon=True)
         self.tier, self.link, self.server_id, self.config = tier, link, server_id, config
@@ -46,13 +45,15 @@ class Handoff(threading.Thread):
 
     def run(self) -> None:
         try:
-            ring, address_of = self._map_without_self()
+            placed = PlacedMap.of_map(self.link.cluster_map(), Placement(),
+                                      without=self.server_id)
             keys = self.tier.keys_with_groups()
             log.info("handoff.start id=%s keys=%d servers=%d", self.server_id, len(keys),
-                     len(address_of))
+                     len(placed.address_of))
             for request_id, (key, group) in enumerate(keys, 1):
-                owner = ring.owner_by_hash(key, group, group_width=self.config.group_width)
-                if owner is None or not self._push(address_of[owner], key, group, request_id):
+                owner = placed.owner_id(key, group)
+                if owner is None or not self._push(placed.address_of[owner], key, group,
+                                                   request_id):
                     self.failed += 1
             log.info("handoff.done id=%s moved=%d failed=%d", self.server_id, self.moved,
                      self.failed)
@@ -71,16 +72,12 @@ class Handoff(threading.Thread):
         """Tell the masters this server is done; retried through a master failover."""
         for attempt in range(LEAVE_ATTEMPTS):
             try:
-                self.link.call("Leave", pb.LeaveRequest(id=self.server_id))
+                self.link.leave(self.server_id)
                 return
             except Unavailable:
                 if attempt == LEAVE_ATTEMPTS - 1:
                     raise
-                time.sleep(jittered(1.0))
-
-    def _map_without_self(self) -> tuple[Ring, dict[str, str]]:
-        reply = self.link.call("GetClusterMap", pb.GetClusterMapRequest())
-        return ring_of(reply, vnodes=self.config.vnodes, without=self.server_id)
+                time.sleep(backoff_s(attempt, base_s=0.5))
 
     def _push(self, address: str, key: bytes, group: int, request_id: int) -> bool:
         try:
@@ -97,7 +94,7 @@ class Handoff(threading.Thread):
             # put as it was put here: a key put as mutable stays so on its new owner
             flags = 0 if self.mutable.is_mutable(key) else FLAG_CONTENT_ADDRESSED
             header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
-                            payload_len=len(view), handle=group, checksum=entry.checksum,
+                            payload_len=len(view), group=group, checksum=entry.checksum,
                             flags=flags)
             conn.send((header.pack(), key, view), timeout_s=IO_TIMEOUT_S)
             reply = unpack_header(conn.recv_exact(HEADER_SIZE, timeout_s=IO_TIMEOUT_S),

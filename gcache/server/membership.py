@@ -17,7 +17,7 @@ from typing import Callable
 
 from gcache.errors import MasterError, NotRegistered, Unavailable
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import STATE_NAMES, MasterLink, jittered
+from gcache.master_client import STATE_NAMES, MasterClient, jittered
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def load_or_create_id(paths: list[str]) -> str:
 
 
 class Membership(threading.Thread):
-    def __init__(self, link: MasterLink, record: pb.Server, *, interval_s: float,
+    def __init__(self, link: MasterClient, record: pb.Server, *, interval_s: float,
                  on_state: Callable[[str], None] | None = None,
                  on_answer: Callable[[int, str], None] | None = None) -> None:
         """``on_state(state)`` on each change of this server's state; ``on_answer(epoch,
@@ -67,11 +67,11 @@ class Membership(threading.Thread):
         while not self._halt.is_set():
             try:
                 if not registered:
-                    reply = self.link.call("Register", pb.RegisterRequest(server=self.record))
-                    log.info("membership.registered id=%s epoch=%d", self.record.id, reply.epoch)
+                    epoch = self.link.register(self.record)
+                    log.info("membership.registered id=%s epoch=%d", self.record.id, epoch)
                     registered = True
-                    self._answered(reply.epoch, "alive")
-                reply = self.link.call("Heartbeat", pb.HeartbeatRequest(id=self.record.id))
+                    self._answered(epoch, "alive")
+                reply = self.link.heartbeat(self.record.id)
                 self._answered(reply.epoch, STATE_NAMES.get(reply.state, "alive"))
             except Unavailable as exc:
                 log.warning("membership.no_master error=%s", exc)

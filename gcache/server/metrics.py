@@ -38,9 +38,9 @@ class TierCollector(Collector):
             yield CounterMetricFamily(name, f"hot tier {key}", value=stats[key])
         for key, name in _GAUGES.items():
             yield GaugeMetricFamily(name, f"hot tier {key}", value=stats[key])
-        tier_stats = getattr(self._server.tier, "tier_stats", None)
-        if tier_stats is not None:
-            yield from _per_tier(tier_stats())
+        tiers = self._server.tier.tier_stats()
+        if tiers is not None:
+            yield from _per_tier(tiers)
 
 
 def _per_tier(tiers: dict[str, dict[str, int]]):

@@ -247,6 +247,15 @@ class HotTier:
                 raise InvalidRequest(f"handle {handle} is not a read lease")
             return pin.entry
 
+    def read_view(self, entry: Entry, offset: int, length: int) -> memoryview:
+        """``length`` bytes of a leased entry's value from ``offset`` (no copy; valid while
+        the lease is held). Raises InvalidRequest when the range leaves the value: the slice
+        would show another record's bytes."""
+        if offset < 0 or length < 0 or offset + length > entry.length:
+            raise InvalidRequest(f"read of {length} bytes at offset {offset} overruns the "
+                                 f"{entry.length}-byte value")
+        return self.arena.view[entry.value + offset:entry.value + offset + length]
+
     def release(self, handle: int) -> bool:
         with self._lock:
             pin = self._pins.get(handle)
@@ -304,6 +313,9 @@ class HotTier:
                    "segments": len(self.arena.segments), "pins": len(self._pins)}
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
             return out
+
+    def tier_stats(self) -> None:
+        """None: this tier is all there is (``tiered.TieredStore`` has counters per tier)."""
 
     def close(self, *, unlink: bool) -> None:
         self.arena.close(unlink=unlink)

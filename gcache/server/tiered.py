@@ -1,7 +1,7 @@
 """Hot and cold tiers as one store: demotion in the background, promotion on read.
 
-``TieredStore`` has the hot tier's interface (the request handler cannot tell the difference)
-and adds what a cold tier changes:
+``TieredStore`` is a ``tier_protocol.Tier`` as ``HotTier`` is (the request handler cannot tell
+the difference), over any ``cold_store.ColdStore``, and adds what a cold tier changes:
 - **Demotion.** A ``Demoter`` thread keeps ``headroom`` segments of the arena reusable: it pins
   the oldest dirty span, re-appends the objects that were read since they were written (second
   chance, once per read), writes the others to disk outside every lock, verifying each
@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
 
 from gcache.errors import ChecksumMismatch
-from gcache.keys import checksum
+from gcache.keys import Hasher, checksum
 from gcache.server.cold_index import ColdEntry
-from gcache.server.tier import Entry, HotTier
+from gcache.server.cold_store import ColdStore
+from gcache.server.tier import ALLOC_WAIT_S, Entry, HotTier
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ PROMOTE_WAIT_S = 0.2     # a read waits at most this long for room to promote in
 class TieredStore:
     """A ``HotTier`` in front of a cold store (``cold_segments`` or ``cold_blobs``)."""
 
-    def __init__(self, hot: HotTier, cold: Any, *, headroom_segments: int) -> None:
+    def __init__(self, hot: HotTier, cold: ColdStore, *, headroom_segments: int) -> None:
         self.hot, self.cold = hot, cold
         self.arena = hot.arena
         self._guard = threading.Lock()           # the two sets below
@@ -55,9 +56,40 @@ class TieredStore:
         self.demoter.start()
 
     # ---- the hot tier's interface -------------------------------------------------------------
+    # Writes and leases live in memory only: these go to the hot tier unchanged.
 
-    def __getattr__(self, name: str) -> Any:     # alloc, write_target, leased, release, ...
-        return getattr(self.hot, name)
+    def alloc(self, key: bytes, length: int, *, expires: bool = True,
+              wait_s: float = ALLOC_WAIT_S, group: int = 0) -> tuple[int, int, memoryview]:
+        return self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group)
+
+    def write_target(self, handle: int, offset: int,
+                     n_bytes: int) -> tuple[memoryview, Hasher | None]:
+        return self.hot.write_target(handle, offset, n_bytes)
+
+    def write_done(self, handle: int) -> bool:
+        return self.hot.write_done(handle)
+
+    def commit(self, handle: int, expected: int, *, if_absent: bool = False,
+               unless: Callable[[], bool] | None = None) -> bool:
+        return self.hot.commit(handle, expected, if_absent=if_absent, unless=unless)
+
+    def abort(self, handle: int) -> None:
+        self.hot.abort(handle)
+
+    def leased(self, handle: int) -> Entry:
+        return self.hot.leased(handle)
+
+    def read_view(self, entry: Entry, offset: int, length: int) -> memoryview:
+        return self.hot.read_view(entry, offset, length)
+
+    def release(self, handle: int) -> bool:
+        return self.hot.release(handle)
+
+    def reap_expired(self, now_s: float | None = None) -> int:
+        return self.hot.reap_expired(now_s)
+
+    def stats(self) -> dict[str, int]:
+        return self.hot.stats()
 
     def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
         """The hot tier's lease, promoting from disk on a memory miss. None: in neither tier.

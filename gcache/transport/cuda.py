@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gcache.buffer import device_bytes
+from gcache.errors import DeviceError
 from gcache.keys import Hasher, checksum
 from gcache.transport.shm import ArenaMapping
 
@@ -35,8 +36,8 @@ def _register(mapping: ArenaMapping) -> None:
     error = torch.cuda.cudart().cudaHostRegister(pointer, mapping.size_bytes, _REGISTER_PORTABLE)
     code = int(getattr(error, "value", error))
     if code != 0:
-        raise RuntimeError(f"cudaHostRegister of the {mapping.size_bytes}-byte arena failed "
-                           f"with CUDA error {code}")
+        raise DeviceError(f"cudaHostRegister of the {mapping.size_bytes}-byte arena failed "
+                          f"with CUDA error {code}")
     mapping.cuda_registered = True
 
 

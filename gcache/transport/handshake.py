@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from gcache.errors import AuthFailed, ProtocolError
-from gcache.frame import (HEADER_SIZE, Header, Op, Status, auth_proof, raise_for_status,
-                          unpack_header)
+from gcache.frame import HEADER_SIZE, Header, Op, Status, auth_proof, unpack_header
+from gcache.outcomes import raise_for_status
 from gcache.transport.stream import StreamConnection, close_fd
 
 

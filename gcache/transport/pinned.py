@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from gcache.errors import GCacheError
+from gcache.errors import GCacheError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class PinnedPool:
                  on_new: Callable[[Any], Any] | None = None,
                  on_drop: Callable[[Any], Any] | None = None) -> None:
         if cap_bytes < MIN_CLASS_BYTES:
-            raise ValueError(f"cap_bytes={cap_bytes} is below one buffer ({MIN_CLASS_BYTES})")
+            raise InvalidRequest(f"cap_bytes={cap_bytes} is below one buffer ({MIN_CLASS_BYTES})")
         self.pin, self.cap_bytes = pin, cap_bytes
         self._on_new, self._on_drop = on_new, on_drop
         self._free: dict[int, list[Any]] = {}

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import socket
 
-from gcache.errors import ConnectFailed
+from gcache.errors import ConnectFailed, InvalidRequest
 from gcache.transport.stream import StreamConnection, accept_socket
 
 SOCKET_BUFFER_BYTES = 4 << 20
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (IPv6 hosts in brackets). Raises ValueError naming the address."""
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets). Raises InvalidRequest (a ValueError)
+    naming the address."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"address {address!r} must be HOST:PORT")
+        raise InvalidRequest(f"address {address!r} must be HOST:PORT")
     return host.strip("[]"), int(port)
 
 

@@ -29,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+from gcache.errors import InvalidRequest
+
 SYS_ROOT = "/sys"                # this host's sysfs (the tests point it at fixture trees)
 
 NVIDIA = "0x10de"
@@ -117,10 +119,10 @@ def choose_nics(topology: Topology, *, allow: Sequence[str] = (),
 
 def for_gpu(gpu: int, *, deny: Sequence[str] = ()) -> Choice:
     """The choice for CUDA device ``gpu`` on this host (``SYS_ROOT``): its UCX device and its
-    IO threads' CPUs. Raises ValueError when the host has no such GPU."""
+    IO threads' CPUs. Raises InvalidRequest (a ValueError) when the host has no such GPU."""
     choices = choose_nics(read_topology(SYS_ROOT), deny=deny)
     if not 0 <= gpu < len(choices):
-        raise ValueError(f"gpu={gpu}, but {SYS_ROOT} shows {len(choices)} NVIDIA GPUs")
+        raise InvalidRequest(f"gpu={gpu}, but {SYS_ROOT} shows {len(choices)} NVIDIA GPUs")
     return choices[gpu]
 
 

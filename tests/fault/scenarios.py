@@ -234,16 +234,15 @@ def leader_failover(seconds: float, *, log_dir: str, seed: int = 0, token: str) 
     """One round: three masters (with a token), two servers, IO throughout, the Raft leader
     killed twice (and restarted). The data path must not notice."""
     from gcache.cli.local_masters import LocalMasters
-    from gcache.proto import master_pb2 as pb
-    from gcache.transport.master_rpc import MasterLink
+    from gcache.master_client import MasterClient
 
     def leader() -> int | None:
         for member in masters.members:
             if not member.is_running():
                 continue
-            link = MasterLink([member.listen], token=token, timeout_s=1.0)
+            link = MasterClient([member.listen], token=token, timeout_s=1.0)
             try:
-                if link.call("Status", pb.StatusRequest()).is_leader:
+                if link.status().is_leader:
                     return member.index
             except Exception:                      # noqa: BLE001 (any failure: not it)
                 continue

@@ -155,7 +155,7 @@ def test_a_trailing_checksum_put_without_room_for_the_trailer_is_refused(server)
 def test_a_wrong_protocol_version_is_refused(server):
     address, client = server
     sock = raw_socket(address)
-    sock.sendall(HEADER.pack(MAGIC, VERSION + 1, Op.GET, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0) + b"k")
+    sock.sendall(HEADER.pack(MAGIC, VERSION + 1, Op.GET, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0) + b"k")
     reply = read_reply(sock)
     assert reply is not None and reply.status == Status.BAD_REQUEST
     assert_still_serving(client)

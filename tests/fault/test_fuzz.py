@@ -155,7 +155,7 @@ _FIELDS = st.fixed_dictionaries({
     "payload_len": st.one_of(st.integers(0, 4096), st.integers(0, 2**64 - 1)),
     "handle": st.integers(0, 2**64 - 1), "offset": st.integers(0, 2**64 - 1),
     "length": st.one_of(st.integers(0, 4096), st.integers(0, 2**64 - 1)),
-    "checksum": st.integers(0, 2**64 - 1)})
+    "checksum": st.integers(0, 2**64 - 1), "group": st.integers(0, 2**64 - 1)})
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -164,7 +164,8 @@ def _send_mutated(address: str, fields: dict, body: bytes, authenticate_first: b
     frame = HEADER.pack(MAGIC, fields["version"], fields["op"], fields["flags"],
                         fields["status"], fields["request_id"], fields["key_len"],
                         fields["count"], fields["payload_len"], fields["handle"],
-                        fields["offset"], fields["length"], fields["checksum"])
+                        fields["offset"], fields["length"], fields["checksum"],
+                        fields["group"])
     sock = raw_socket(address)
     try:
         if authenticate_first:
@@ -223,7 +224,7 @@ def _scripted(fields: dict, body: bytes):
         frame = HEADER.pack(MAGIC if fields["magic_ok"] else MAGIC ^ 1, VERSION, op, 0,
                             fields["status"], request_id, 0, fields["count"] % 65536,
                             fields["payload_len"], fields["handle"], fields["offset"],
-                            fields["length"], fields["checksum"])
+                            fields["length"], fields["checksum"], 0)
         return frame + body
     return reply
 

@@ -24,7 +24,7 @@ from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters, free_port
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
 from tests.helpers import wait_until
 
 TOKEN = "security-suite-cluster-token-0123"
@@ -47,9 +47,9 @@ def pysyncobj_frame(message: object) -> bytes:
 
 
 def status(masters: LocalMasters) -> pb.StatusReply:
-    link = MasterLink(masters.addresses, token=TOKEN, timeout_s=2.0)
+    link = MasterClient(masters.addresses, token=TOKEN, timeout_s=2.0)
     try:
-        return link.call("Status", pb.StatusRequest())
+        return link.status()
     finally:
         link.close()
 

@@ -3,7 +3,7 @@
 import time
 
 from gcache import Client
-from gcache.ring import Ring
+from gcache.placement import Ring
 from tests.helpers import sdk_metric, wait_until
 
 TIMEOUT_S = 0.2

@@ -8,14 +8,14 @@ from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
 from tests.helpers import wait_until
 
 
 def servers(masters: LocalMasters) -> list:
-    link = MasterLink(masters.addresses, timeout_s=1.0)
+    link = MasterClient(masters.addresses, timeout_s=1.0)
     try:
-        return list(link.call("Status", pb.StatusRequest()).servers)
+        return list(link.status().servers)
     finally:
         link.close()
 
@@ -83,3 +83,32 @@ def test_a_drained_server_hands_over_its_disk_resident_keys_too(tmp_path):
             wait_until(lambda: victim.address not in client.stats()["servers"], timeout_s=5)
             got = {k: client.get(k) for k in values}
             assert got == values
+
+
+def test_clients_and_a_draining_server_place_keys_by_the_masters_placement(tmp_path):
+    """The masters' ``--group-width`` and ``--vnodes`` reach clients and servers in the map:
+    a client whose own config says width 2 stripes a group over 3 servers, and a drain hands
+    the keys to exactly where that client reads them."""
+    with LocalMasters(1, args=("--group-width", "3", "--vnodes", "64"),
+                      log_dir=str(tmp_path / "m")) as masters, \
+            LocalCluster(4, memory="64MiB", master=masters.spec,
+                         log_dir=str(tmp_path / "s")) as cluster:
+        wait_until(lambda: len(servers(masters)) == 4, 15)
+        keys = [f"tree/{b}" for b in range(60)]
+        values = [f"page{b}".encode() * 40 for b in range(60)]
+        with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
+            assert client.config.group_width == 2
+            assert all(client.batch_put(keys, values, group="tree"))
+            held = {a: s["tier"]["objects"] for a, s in client.server_stats().items()}
+            assert sorted(n > 0 for n in held.values()) == [False, True, True, True], held
+            victim_address = max(held, key=held.get)
+            victim = next(s for s in servers(masters) if s.address == victim_address)
+            out = subprocess.run([sys.executable, "-m", "gcache.cli", "drain", victim.id,
+                                  "--master", masters.spec, "--wait", "60"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            wait_until(lambda: victim_address not in client.stats()["servers"], timeout_s=5)
+            assert client.batch_get(keys, group="tree") == values
+            assert client.stats()["misses"] == 0
+            after = {a: s["tier"]["objects"] for a, s in client.server_stats().items()}
+            assert sorted(n > 0 for n in after.values()) == [True, True, True], after

@@ -10,8 +10,7 @@ from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import MasterError
-from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
 from tests.helpers import wait_until
 
 TOKEN = "a-cluster-token-of-32-characters"
@@ -24,9 +23,9 @@ def secured(tmp_path):
 
 
 def call_status(masters: LocalMasters, token: str | None):
-    link = MasterLink(masters.addresses, token=token, timeout_s=2.0)
+    link = MasterClient(masters.addresses, token=token, timeout_s=2.0)
     try:
-        return link.call("Status", pb.StatusRequest())
+        return link.status()
     finally:
         link.close()
 
@@ -72,9 +71,9 @@ def test_a_master_without_a_token_refuses_a_non_loopback_address(tmp_path):
 def test_a_heartbeat_from_an_unknown_server_is_not_registered(secured):
     from gcache.errors import NotRegistered
     wait_until(lambda: call_status(secured, TOKEN).leader_raft, timeout_s=10)
-    link = MasterLink(secured.addresses, token=TOKEN, timeout_s=2.0)
+    link = MasterClient(secured.addresses, token=TOKEN, timeout_s=2.0)
     try:
         with pytest.raises(NotRegistered, match="not registered"):
-            link.call("Heartbeat", pb.HeartbeatRequest(id="no-such-server"))
+            link.heartbeat("no-such-server")
     finally:
         link.close()

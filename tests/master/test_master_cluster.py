@@ -9,7 +9,7 @@ from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import Unavailable
 from gcache.proto import master_pb2 as pb
-from gcache.transport.master_rpc import MasterLink
+from gcache.master_client import MasterClient
 from tests.helpers import wait_until
 
 FAST = ("--dead-timeout", "2.0", "--heartbeat-interval", "0.5")
@@ -22,9 +22,9 @@ def masters(tmp_path):
 
 
 def status(address: str) -> pb.StatusReply:
-    link = MasterLink([address], timeout_s=1.0)
+    link = MasterClient([address], timeout_s=1.0)
     try:
-        return link.call("Status", pb.StatusRequest())
+        return link.status()
     finally:
         link.close()
 
@@ -43,9 +43,9 @@ def leader_index(masters: LocalMasters) -> int | None:
 def map_states(masters: LocalMasters) -> dict[str, str]:
     """Address -> state of every server in the map; {} while no member serves one (no member
     has caught up with an elected leader yet)."""
-    link = MasterLink(masters.addresses, timeout_s=1.0)
+    link = MasterClient(masters.addresses, timeout_s=1.0)
     try:
-        reply = link.call("GetClusterMap", pb.GetClusterMapRequest())
+        reply = link.cluster_map()
     except Unavailable:
         return {}
     finally:
@@ -156,12 +156,12 @@ def test_a_restarted_member_serves_no_map_older_than_the_one_it_missed(tmp_path)
             wait_until(lambda: len(map_states(masters)) == 2, 15)
             expected = status(masters.members[leader_index(masters)].listen).epoch
             masters.restart(down)
-            link = MasterLink([masters.members[down].listen], timeout_s=1.0)
+            link = MasterClient([masters.members[down].listen], timeout_s=1.0)
             answers, refused, deadline = [], 0, time.monotonic() + 15
             try:
                 while time.monotonic() < deadline and not answers:
                     try:
-                        answers.append(link.call("GetClusterMap", pb.GetClusterMapRequest()))
+                        answers.append(link.cluster_map())
                     except Unavailable as exc:       # catching up (or slow, on a busy box)
                         assert "catching up" in str(exc) or "deadline" in str(exc), exc
                         refused += 1

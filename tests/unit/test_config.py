@@ -74,3 +74,20 @@ def test_a_config_error_never_shows_the_cluster_token():
         client_from_settings({"servers": "127.0.0.1:1", "token": "s3cret", "io_threads": 1,
                               "transport": "carrier-pigeon"})
     assert "s3cret" not in str(caught.value) and "carrier-pigeon" in str(caught.value)
+
+
+def test_engine_settings_go_through_the_daemons_loader(monkeypatch):
+    """Environment < the engine's extra config, as TOML < env < flags for the daemons; errors
+    name the engine's ``gcache_`` key."""
+    from gcache.errors import ConfigError
+    from gcache.kv.connect import client_config
+    monkeypatch.setenv("GCACHE_TOKEN", "a-token-from-the-environment")
+    monkeypatch.setenv("GCACHE_CLIENT_IO_THREADS", "3")
+    config = client_config({"servers": "127.0.0.1:1,127.0.0.1:2", "timeout_ms": 250})
+    assert config.token == "a-token-from-the-environment" and config.io_threads == 3
+    assert config.servers == ("127.0.0.1:1", "127.0.0.1:2") and config.timeout_s == 0.25
+    assert client_config({"servers": "127.0.0.1:1", "io_threads": 2}).io_threads == 2
+    with pytest.raises(ConfigError, match="gcache_io_threads"):
+        client_config({"servers": "127.0.0.1:1", "io_threads": 0})
+    with pytest.raises(ConfigError, match="gcache_servers"):
+        client_config({"servers": "nowhere"})

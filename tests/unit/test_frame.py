@@ -2,14 +2,16 @@ import pytest
 
 from gcache.errors import ChecksumMismatch, NoSpace, ProtocolError, ServerError
 from gcache.frame import (HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op, Status, decode_keys,
-                          encode_keys, raise_for_status, unpack_header)
+                          encode_keys, unpack_header)
+from gcache.outcomes import raise_for_status
 
 LIMIT = 1 << 30
 
 
 def test_header_round_trips_every_field():
-    header = Header(Op.READ, 7, Status.OK, 1, 3, 2, 4096, 99, 1 << 33, 1 << 20, 0xDEADBEEF)
-    assert HEADER_SIZE == 56
+    header = Header(Op.READ, 7, Status.OK, 1, 3, 2, 4096, 99, 1 << 33, 1 << 20, 0xDEADBEEF,
+                    0xFEEDFACE)
+    assert HEADER_SIZE == 64 and VERSION == 2
     assert unpack_header(header.pack(), max_payload=LIMIT) == header
 
 
@@ -21,7 +23,7 @@ def test_header_round_trips_every_field():
     (8, 1 << 40, "payload_len"),
 ])
 def test_bad_headers_are_refused_naming_the_field(field, value, message):
-    fields = [MAGIC, VERSION, Op.GET, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0]
+    fields = [MAGIC, VERSION, Op.GET, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 0]
     fields[field] = value
     with pytest.raises(ProtocolError, match=message):
         unpack_header(HEADER.pack(*fields), max_payload=LIMIT)

@@ -1,7 +1,7 @@
 """Periodic calls to the masters are spread out, and never later than their period (the
 masters count a server's missed heartbeats by it)."""
 
-from gcache.transport.master_rpc import jittered
+from gcache.master_client import jittered
 
 
 def test_periods_are_spread_and_never_longer():

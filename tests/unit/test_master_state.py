@@ -2,7 +2,8 @@
 
 import pytest
 
-from gcache.master.state import ClusterState, ServerRecord
+from gcache.master.state import (AnnounceMaster, Applied, ClusterState, Drain, Leave,
+                                 Refused, Register, ServerRecord, SetState)
 
 
 def record(server_id="s1", address="127.0.0.1:7700", capacity=1 << 30) -> ServerRecord:
@@ -11,38 +12,38 @@ def record(server_id="s1", address="127.0.0.1:7700", capacity=1 << 30) -> Server
 
 def test_the_epoch_moves_with_membership_and_state_only():
     state = ClusterState()
-    assert state.apply(("register", record())) == 1
-    assert state.apply(("register", record())) == 1                # the same again: no change
-    assert state.apply(("register", record(address="127.0.0.1:7701"))) == 2
-    assert state.apply(("set_state", "s1", "suspect")) == 3
-    assert state.apply(("set_state", "s1", "suspect")) == 3
-    assert state.apply(("register", record(address="127.0.0.1:7701"))) == 4   # alive again
+    assert state.apply(Register(record())) == Applied(1)
+    assert state.apply(Register(record())) == Applied(1)      # the same again: no change
+    assert state.apply(Register(record(address="127.0.0.1:7701"))) == Applied(2)
+    assert state.apply(SetState("s1", "suspect")) == Applied(3)
+    assert state.apply(SetState("s1", "suspect")) == Applied(3)
+    assert state.apply(Register(record(address="127.0.0.1:7701"))) == Applied(4)   # alive again
     assert state.servers["s1"].state == "alive"
-    assert state.apply(("announce_master", "r1:1", "g1:1")) == 4
+    assert state.apply(AnnounceMaster("r1:1", "g1:1")) == Applied(4)
     assert state.masters == {"r1:1": "g1:1"}
 
 
 def test_state_changes_of_unknown_servers_change_nothing():
     state = ClusterState()
-    assert state.apply(("set_state", "nobody", "dead")) == 0 and not state.servers
+    assert state.apply(SetState("nobody", "dead")) == Applied(0) and not state.servers
 
 
-@pytest.mark.parametrize("command, message", [(("set_state", "s1", "sleepy"), "not one of"),
+@pytest.mark.parametrize("command, message", [(SetState("s1", "sleepy"), "not one of"),
                                               (("explode",), "unknown command")])
 def test_bad_commands_are_refused(command, message):
     state = ClusterState()
-    state.apply(("register", record()))
+    state.apply(Register(record()))
     with pytest.raises(ValueError, match=message):
         state.apply(command)
 
 
 def test_drain_and_leave_check_their_precondition_in_log_order():
     state = ClusterState()
-    assert state.apply(("drain", "s1")) == -1                       # unknown server
-    state.apply(("register", record()))
-    assert state.apply(("leave", "s1")) == -1                       # not draining
-    assert state.apply(("drain", "s1")) == 2 and state.servers["s1"].state == "draining"
-    assert state.apply(("leave", "s1")) == 3 and state.servers["s1"].state == "left"
+    assert isinstance(state.apply(Drain("s1")), Refused)           # unknown server
+    state.apply(Register(record()))
+    assert isinstance(state.apply(Leave("s1")), Refused)           # not draining
+    assert state.apply(Drain("s1")) == Applied(2) and state.servers["s1"].state == "draining"
+    assert state.apply(Leave("s1")) == Applied(3) and state.servers["s1"].state == "left"
 
 
 def test_the_service_implements_every_rpc_of_the_proto():
@@ -53,3 +54,12 @@ def test_the_service_implements_every_rpc_of_the_proto():
 
     methods = master_pb2.DESCRIPTOR.services_by_name["Master"].methods
     assert [m.name for m in methods if m.name not in MasterService.__dict__] == []
+
+
+def test_commands_survive_the_journal():
+    """pysyncobj pickles each command into its journal and replays it on restart."""
+    import pickle
+
+    commands = [Register(record()), SetState("s1", "dead"), Drain("s1"), Leave("s1"),
+                AnnounceMaster("r1:1", "g1:1")]
+    assert [pickle.loads(pickle.dumps(c)) for c in commands] == commands

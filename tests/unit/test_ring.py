@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from gcache.ring import Ring
+from gcache.placement import Ring
 
 SERVERS = [f"10.0.0.{i}:7700" for i in range(8)]
 KEYS = [f"key-{i}".encode() for i in range(20000)]

@@ -1,4 +1,5 @@
-"""Consistent-hash ring: which server owns a key (ARCHITECTURE §3).
+"""Where keys live (ARCHITECTURE §3): the consistent-hash ring, a group's slot owners, and the
+parameters that clients and servers must agree on, which the masters carry in the cluster map.
 
 Each server gets virtual nodes in proportion to its capacity, at points ``xxh3_64(address#i)``.
 The ring holds every *known* server, live or not; ``live`` says which may own keys. A key is
@@ -12,24 +13,33 @@ that stay known when they die or drain, a server leaving moves only the keys it 
 hands over exactly those. (Computing the distinct assignment over live servers only would make a
 departure shift other slots too.)
 
+A client and a draining server must place a key identically, so ``vnodes`` and ``group_width``
+are the masters' (``gcache-master --vnodes --group-width``), sent in every cluster map; a client
+without masters (``servers=[...]``) uses its own ``ClientConfig``.
+
 The ring is immutable; membership changes build a new one (rings are small: servers × vnodes).
 """
+
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
+from gcache.errors import ConfigError
 from gcache.keys import key_hash
+from gcache.proto import master_pb2 as pb
 
 _SLOT = struct.Struct("<QH")     # a group's placement hash and a slot number
 
 # Points per server (of weight 1): 64 left the busiest of 8 servers 1.49x the mean of
 # ungrouped keys on the conversation trace, 256 leaves 1.12x (bench/placement.py --vnodes).
-# Clients and servers (a drain hands keys to their owners) must agree: both use this default.
 DEFAULT_VNODES = 256
+DEFAULT_GROUP_WIDTH = 2
+IN_MAP = (pb.ALIVE, pb.SUSPECT)     # states whose servers own keys (suspect keeps its keys)
 
 
 class Ring:
@@ -40,7 +50,7 @@ class Ring:
     def __init__(self, weights: Mapping[str, float], *, vnodes: int = DEFAULT_VNODES,
                  live: Sequence[str] | None = None) -> None:
         if any(w <= 0 for w in weights.values()):
-            raise ValueError(f"server weights must be positive, got {dict(weights)}")
+            raise ConfigError("weights", dict(weights), "server weights must be positive")
         self._servers = tuple(sorted(weights))
         self._live = frozenset(self._servers if live is None else live) & set(self._servers)
         mean = sum(weights.values()) / len(weights) if weights else 1.0
@@ -96,7 +106,7 @@ class Ring:
     def _first_live(self, point: int) -> str | None:
         return next((s for s in self._clockwise(point) if s in self._live), None)
 
-    def _clockwise(self, point: int):
+    def _clockwise(self, point: int) -> Iterator[str]:
         """Distinct servers in ring order from ``point``."""
         if not self._points:
             return
@@ -106,3 +116,61 @@ class Ring:
             if owner not in seen:
                 seen.add(owner)
                 yield owner
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The parameters every party must share to place a key the same way."""
+
+    vnodes: int = DEFAULT_VNODES             # ring points per server of mean capacity
+    group_width: int = DEFAULT_GROUP_WIDTH   # servers one placement group is striped over
+
+    def to_pb(self) -> pb.Placement:
+        return pb.Placement(vnodes=self.vnodes, group_width=self.group_width)
+
+    @classmethod
+    def of_map(cls, cluster_map: pb.ClusterMap, fallback: Placement) -> Placement:
+        """The map's placement; ``fallback`` for a map from masters that send none."""
+        sent = cluster_map.placement
+        if sent.vnodes <= 0 or sent.group_width <= 0:
+            return fallback
+        return cls(vnodes=sent.vnodes, group_width=sent.group_width)
+
+
+class PlacedMap:
+    """One map's servers on a ring under one ``Placement``: key -> owner, by server id or by
+    address. Immutable, so readers take a reference and need no lock."""
+
+    __slots__ = ("ring", "address_of", "placement")
+
+    def __init__(self, members: Mapping[str, tuple[str, float]], live: Sequence[str] | None,
+                 placement: Placement) -> None:
+        """``members``: server id -> (data-plane address, capacity weight), every server the
+        map knows; only ``live`` ones (default: all) own keys. The ring is keyed by id, so a
+        server that comes back at a new address keeps its keys."""
+        self.ring = Ring({sid: weight for sid, (_, weight) in members.items()},
+                         vnodes=placement.vnodes, live=live)
+        self.address_of = {sid: address for sid, (address, _) in members.items()}
+        self.placement = placement
+
+    @classmethod
+    def of_map(cls, cluster_map: pb.ClusterMap, fallback: Placement, *,
+               without: str | None = None) -> PlacedMap:
+        """The map's servers that own keys (alive or suspect), less ``without`` (a draining
+        server places its keys on the map without itself), weighted by capacity."""
+        members = {s.id: (s.address, float(s.capacity_bytes)) for s in cluster_map.servers}
+        live = [s.id for s in cluster_map.servers if s.state in IN_MAP and s.id != without]
+        return cls(members, live, Placement.of_map(cluster_map, fallback))
+
+    def owner_id(self, key: bytes, group_hash: int) -> str | None:
+        """The id of the server that holds ``key`` put with ``group_hash`` (0: no group)."""
+        return self.ring.owner_by_hash(key, group_hash, group_width=self.placement.group_width)
+
+    def owners(self, group_hash: int) -> Callable[[bytes], str | None]:
+        """Key -> owner address for keys of one group (its slots are placed once)."""
+        if group_hash == 0:
+            return lambda key: self.address_of.get(self.ring.owner(key) or "")
+        width = self.placement.group_width
+        slots = [None if sid is None else self.address_of.get(sid)
+                 for sid in self.ring.slot_owners(group_hash, width)]
+        return lambda key: slots[key_hash(key) % width]

@@ -1,0 +1,155 @@
+"""One suite for every ``ColdStore``: segment files and RocksDB blobs keep, find, read back (in
+pieces), forget, count and evict values the same way through the interface ``TieredStore`` uses
+(real RocksDB, real files under the test's temporary directory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gcache.keys import checksum
+from gcache.server.cold_blobs import BlobColdStore
+from gcache.server.cold_segments import SegmentColdStore
+from gcache.server.cold_store import ColdStore
+
+CAPACITY_BYTES = 2 << 20
+
+
+# Each factory is annotated ``-> ColdStore``: mypy checks the implementation conforms.
+def segments(path: Path) -> ColdStore:
+    path.mkdir(exist_ok=True)
+    return SegmentColdStore(str(path), CAPACITY_BYTES, file_bytes=1 << 20)
+
+
+def blobs(path: Path) -> ColdStore:
+    return BlobColdStore(str(path), CAPACITY_BYTES)
+
+
+STORES: dict[str, Callable[[Path], ColdStore]] = {"segments": segments, "blobs": blobs}
+
+
+@pytest.fixture(params=sorted(STORES))
+def make(request: pytest.FixtureRequest) -> Callable[[Path], ColdStore]:
+    return STORES[str(request.param)]
+
+
+@pytest.fixture
+def store(make: Callable[[Path], ColdStore], tmp_path: Path) -> Iterator[ColdStore]:
+    opened = make(tmp_path / "cold")
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def value_of(n_bytes: int, seed: int) -> bytes:
+    return bytes((seed + i * 7) % 251 for i in range(n_bytes))
+
+
+def put(store: ColdStore, key: bytes, value: bytes, *, group: int = 0) -> None:
+    assert store.put(key, memoryview(value), checksum(value), group)
+
+
+def test_a_put_value_is_found_with_its_length_checksum_and_group(store):
+    value = value_of(10_000, 1)
+    put(store, b"k", value, group=0xFEED)
+    entry = store.lookup(b"k")
+    assert entry is not None
+    assert (entry.length, entry.checksum, entry.group) == (len(value), checksum(value), 0xFEED)
+    assert store.lookup(b"absent") is None
+
+
+def test_read_into_reads_the_whole_value_or_a_piece_at_an_offset(store):
+    value = value_of(50_000, 2)
+    put(store, b"before", value_of(3000, 9))      # the value is not at the start of a file
+    put(store, b"k", value)
+    put(store, b"after", value_of(3000, 8))
+    entry = store.lookup(b"k")
+    whole = bytearray(len(value))
+    assert store.read_into(entry, memoryview(whole))
+    assert whole == value
+    piece = bytearray(1234)
+    assert store.read_into(entry, memoryview(piece), offset=20_000)
+    assert piece == value[20_000:21_234]
+    assert store.read_chunk_bytes > 0
+
+
+def test_a_second_put_replaces_the_first(store):
+    put(store, b"k", b"old" * 100)
+    put(store, b"k", b"new" * 200, group=3)
+    entry = store.lookup(b"k")
+    assert (entry.length, entry.checksum, entry.group) == (600, checksum(b"new" * 200), 3)
+    out = bytearray(600)
+    assert store.read_into(entry, memoryview(out)) and out == b"new" * 200
+    assert store.keys() == [b"k"] and store.object_count() == 1
+
+
+def test_delete_forgets_a_key_once(store):
+    put(store, b"a", b"a" * 100)
+    put(store, b"b", b"b" * 100)
+    assert store.delete(b"a")
+    assert not store.delete(b"a")
+    assert store.lookup(b"a") is None
+    assert store.keys() == [b"b"] and store.object_count() == 1
+
+
+def test_keys_and_object_count_follow_puts_and_deletes(store):
+    assert store.keys() == [] and store.object_count() == 0
+    for i in range(10):
+        put(store, b"k%d" % i, value_of(100, i))
+    store.delete(b"k3")
+    expected = sorted(b"k%d" % i for i in range(10) if i != 3)
+    assert sorted(store.keys()) == expected and store.object_count() == 9
+
+
+def test_stats_have_what_the_per_tier_counters_read(store):
+    put(store, b"k", value_of(1000, 4))
+    stats = store.stats()
+    assert {"bytes", "capacity_bytes", "evicted_objects", "failed_writes"} <= set(stats)
+    assert all(type(v) is int for v in stats.values())
+    assert stats["capacity_bytes"] == CAPACITY_BYTES and stats["bytes"] >= 1000
+    assert stats["evicted_objects"] == stats["failed_writes"] == 0
+
+
+def test_the_capacity_evicts_the_oldest_values_first(store):
+    keys = [b"e%d" % i for i in range(12)]              # 12 × 400 KiB into 2 MiB
+    for i, key in enumerate(keys):
+        put(store, key, value_of(400 << 10, i))
+    held = [key for key in keys if store.lookup(key) is not None]
+    assert held == keys[-len(held):] and 0 < len(held) < len(keys)   # a suffix: oldest went
+    stats = store.stats()
+    assert stats["evicted_objects"] >= len(keys) - len(held)
+    assert stats["bytes"] <= CAPACITY_BYTES
+    assert store.object_count() == len(store.keys()) == len(held)
+    newest = store.lookup(keys[-1])
+    out = bytearray(newest.length)
+    assert store.read_into(newest, memoryview(out)) and out == value_of(400 << 10, 11)
+
+
+def test_a_value_larger_than_the_capacity_is_refused(store):
+    big = bytes(CAPACITY_BYTES + 1)
+    assert not store.put(b"big", memoryview(big), checksum(big))
+    assert store.lookup(b"big") is None and store.object_count() == 0
+
+
+def test_what_was_put_and_synced_is_there_after_a_reopen(make, tmp_path):
+    path = tmp_path / "cold"
+    first = make(path)
+    try:
+        put(first, b"kept", b"kept" * 300, group=9)
+        put(first, b"dropped", b"d" * 10)
+        first.delete(b"dropped")
+        first.sync()
+    finally:
+        first.close()
+    again = make(path)
+    try:
+        entry = again.lookup(b"kept")
+        assert entry is not None and entry.group == 9
+        out = bytearray(entry.length)
+        assert again.read_into(entry, memoryview(out)) and out == b"kept" * 300
+        assert again.keys() == [b"kept"] and again.object_count() == 1
+    finally:
+        again.close()

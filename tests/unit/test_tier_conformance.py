@@ -1,0 +1,249 @@
+"""One suite for every ``Tier``: the hot tier alone and the hot tier in front of each cold store
+behave the same through the interface the request handler, the daemon and a drain use (real
+shared memory, real RocksDB; every arena is removed from /dev/shm when its test ends)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gcache.errors import ChecksumMismatch, InvalidRequest
+from gcache.keys import checksum
+from gcache.server.cold_blobs import BlobColdStore
+from gcache.server.cold_segments import SegmentColdStore
+from gcache.server.tier import HotTier
+from gcache.server.tier_protocol import Tier
+from gcache.server.tiered import TieredStore
+
+SEG = 64 * 1024
+TTL_S = 60.0
+DISK_BYTES = 16 << 20
+
+# What STAT's ``tier`` and the server's /metrics read: the hot tier's, whatever is behind it.
+STAT_KEYS = {"objects", "bytes", "capacity_bytes", "used_bytes", "segments", "pins", "hits",
+             "misses", "puts", "deletes", "checksum_failures", "evicted_objects",
+             "evicted_segments", "expired_pins", "recovered_objects", "demoted_objects",
+             "promoted_objects", "second_chances", "whole_hashes"}
+PER_TIER_KEYS = {
+    "hot": {"bytes", "objects", "hits", "demoted_objects", "promoted_objects", "second_chances",
+            "evicted_objects", "checksum_failures"},
+    "cold": {"bytes", "objects", "capacity_bytes", "hits", "misses", "evicted_objects",
+             "checksum_failures", "dropped_objects", "failed_writes"},
+}
+
+
+def _hot(name: str, *, cold_backed: bool) -> HotTier:
+    return HotTier(name=name, size_bytes=8 * SEG, segment_size=SEG, prefault=False,
+                   lease_ttl_s=TTL_S, cold_backed=cold_backed)
+
+
+# Each factory is annotated ``-> Tier``: mypy checks the implementation conforms.
+def hot_alone(name: str, disk: Path) -> Tier:
+    return _hot(name, cold_backed=False)
+
+
+def over_segments(name: str, disk: Path) -> Tier:
+    disk.mkdir()
+    cold = SegmentColdStore(str(disk), DISK_BYTES)         # first: a failure leaves no arena
+    return TieredStore(_hot(name, cold_backed=True), cold, headroom_segments=2)
+
+
+def over_blobs(name: str, disk: Path) -> Tier:
+    cold = BlobColdStore(str(disk), DISK_BYTES)
+    return TieredStore(_hot(name, cold_backed=True), cold, headroom_segments=2)
+
+
+TIERS: dict[str, Callable[[str, Path], Tier]] = {
+    "hot": hot_alone, "tiered-segments": over_segments, "tiered-blobs": over_blobs}
+
+
+@pytest.fixture(params=sorted(TIERS))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def open_tier(kind: str, tmp_path: Path) -> Tier:
+    return TIERS[kind](f"gcache-conformance-{uuid.uuid4().hex[:8]}", tmp_path / "disk")
+
+
+@pytest.fixture
+def tier(kind: str, tmp_path: Path) -> Iterator[Tier]:
+    made = open_tier(kind, tmp_path)
+    try:
+        yield made
+    finally:
+        made.close(unlink=True)
+
+
+def put(tier: Tier, key: bytes, value: bytes, *, group: int = 0) -> None:
+    handle, _, target = tier.alloc(key, len(value), group=group)
+    target[:] = value
+    target.release()                  # a view left exported keeps the arena from unmapping
+    assert tier.commit(handle, checksum(value))
+
+
+def read(tier: Tier, key: bytes) -> bytes | None:
+    leased = tier.lease(key)
+    if leased is None:
+        return None
+    handle, _, view = leased
+    try:
+        return bytes(view)
+    finally:
+        view.release()
+        assert tier.release(handle)
+
+
+def test_a_committed_value_leases_reads_in_pieces_and_releases(tier):
+    value = bytes(range(256)) * 40
+    put(tier, b"k", value, group=0x5EED)
+    handle, entry, view = tier.lease(b"k")
+    try:
+        assert bytes(view) == value
+        assert (entry.length, entry.checksum, entry.group) == (len(value), checksum(value),
+                                                               0x5EED)
+        assert tier.leased(handle) is entry
+        piece = tier.read_view(entry, 1000, 4096)
+        assert bytes(piece) == value[1000:5096]
+        piece.release()
+        with pytest.raises(InvalidRequest, match="overruns"):
+            tier.read_view(entry, len(value) - 10, 11)
+    finally:
+        view.release()
+    assert tier.release(handle)
+    assert not tier.release(handle)                 # once only
+    with pytest.raises(InvalidRequest):
+        tier.leased(handle)
+    assert tier.stats()["pins"] == 0
+
+
+def test_a_write_received_in_order_pieces_is_hashed_as_it_lands(tier):
+    value = bytes(range(256)) * 64
+    handle, _, target = tier.alloc(b"pieces", len(value))
+    target.release()
+    whole_before = tier.stats()["whole_hashes"]
+    for offset in range(0, len(value), 4096):
+        view, hasher = tier.write_target(handle, offset, 4096)
+        view[:] = value[offset:offset + 4096]
+        assert hasher is not None
+        hasher.update(view)
+        view.release()
+        assert tier.write_done(handle)
+    with pytest.raises(InvalidRequest, match="overruns"):
+        tier.write_target(handle, len(value) - 1, 2)
+    assert tier.commit(handle, checksum(value))
+    assert tier.stats()["whole_hashes"] == whole_before
+    assert read(tier, b"pieces") == value
+
+
+def test_a_commit_with_the_wrong_checksum_is_refused_and_never_visible(tier):
+    handle, _, target = tier.alloc(b"bad", 10)
+    target[:] = b"0123456789"
+    target.release()
+    with pytest.raises(ChecksumMismatch):
+        tier.commit(handle, checksum(b"something else"))
+    assert read(tier, b"bad") is None and not tier.exists(b"bad")
+    assert tier.stats()["checksum_failures"] == 1
+    with pytest.raises(InvalidRequest, match="not a write in flight"):
+        tier.commit(handle, checksum(b"0123456789"))
+    assert tier.stats()["pins"] == 0
+
+
+def test_an_aborted_write_is_never_visible_and_frees_its_pin(tier):
+    handle, _, target = tier.alloc(b"gone", 5)
+    target[:] = b"abcde"
+    target.release()
+    tier.abort(handle)
+    tier.abort(handle)                              # twice, or unknown: ignored
+    assert read(tier, b"gone") is None
+    with pytest.raises(InvalidRequest):
+        tier.commit(handle, checksum(b"abcde"))
+    assert tier.stats()["pins"] == 0
+
+
+def test_exists_and_delete_follow_puts_and_replacements(tier):
+    assert not tier.exists(b"e") and not tier.delete(b"e")
+    put(tier, b"e", b"first")
+    put(tier, b"e", b"second")
+    assert tier.exists(b"e") and read(tier, b"e") == b"second"
+    assert tier.delete(b"e")
+    assert not tier.exists(b"e") and read(tier, b"e") is None
+    assert not tier.delete(b"e")
+    assert tier.stats()["deletes"] == 1
+
+
+def test_a_lease_still_reads_the_value_it_pinned_after_a_delete(tier):
+    put(tier, b"d", b"old bytes")
+    handle, _, view = tier.lease(b"d")
+    assert tier.delete(b"d") and not tier.exists(b"d")
+    assert bytes(view) == b"old bytes"
+    view.release()
+    assert tier.release(handle)
+
+
+def test_keys_with_groups_returns_the_group_each_key_was_put_with(tier):
+    put(tier, b"grouped", b"g" * 100, group=0xABCDEF)
+    put(tier, b"plain", b"p" * 100)
+    put(tier, b"deleted", b"x" * 100, group=7)
+    tier.delete(b"deleted")
+    assert sorted(tier.keys_with_groups()) == [(b"grouped", 0xABCDEF), (b"plain", 0)]
+
+
+def test_expired_leases_and_writes_are_reaped_and_server_driven_pins_are_not(tier):
+    put(tier, b"r", b"r" * 100)
+    expiring, _, view = tier.lease(b"r")
+    view.release()
+    kept, _, view = tier.lease(b"r", expires=False)
+    view.release()
+    write, _, target = tier.alloc(b"w", 10)
+    target.release()
+    assert tier.reap_expired() == 0                  # not yet
+    assert tier.reap_expired(time.monotonic() + TTL_S + 1) == 2
+    assert not tier.release(expiring)
+    with pytest.raises(InvalidRequest):
+        tier.leased(expiring)
+    with pytest.raises(InvalidRequest):
+        tier.write_target(write, 0, 10)
+    stats = tier.stats()
+    assert stats["expired_pins"] == 2 and stats["pins"] == 1
+    assert tier.release(kept)
+
+
+def test_stats_have_every_key_stat_and_metrics_read(tier):
+    put(tier, b"s", b"s" * 1000)
+    read(tier, b"s")
+    read(tier, b"absent")
+    stats = tier.stats()
+    assert STAT_KEYS <= set(stats) and all(type(v) is int for v in stats.values())
+    assert (stats["objects"], stats["bytes"], stats["puts"]) == (1, 1000, 1)
+    assert (stats["hits"], stats["misses"]) == (1, 1)
+    assert stats["capacity_bytes"] == tier.arena.size_bytes == 8 * SEG
+
+
+def test_tier_stats_are_per_tier_with_a_cold_tier_and_none_without(tier, kind):
+    put(tier, b"t", b"t" * 1000)
+    read(tier, b"absent")
+    tiers = tier.tier_stats()
+    if kind == "hot":
+        assert tiers is None
+        return
+    assert tiers is not None and {k: set(v) for k, v in tiers.items()} == PER_TIER_KEYS
+    assert all(type(v) is int for values in tiers.values() for v in values.values())
+    assert tiers["hot"]["objects"] == 1 and tiers["hot"]["bytes"] == 1000
+    assert tiers["cold"]["capacity_bytes"] == DISK_BYTES and tiers["cold"]["misses"] == 1
+
+
+def test_the_arena_is_offered_and_close_with_unlink_removes_it(kind, tmp_path):
+    made = open_tier(kind, tmp_path)
+    path = made.arena.path
+    try:
+        assert made.arena.fd >= 0 and os.path.exists(path)
+        put(made, b"c", b"c" * 10)
+    finally:
+        made.close(unlink=True)
+    assert not os.path.exists(path) and not os.path.exists(path + ".key")
