@@ -64,7 +64,7 @@ def _sender(port: int, block_bytes: int, count: int, io_size: int) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     payload = memoryview(np.random.randint(0, 255, block_bytes, dtype=np.uint8).tobytes())
     for _ in range(count):
-        if sock.recv(1) != b"g":          # one request byte per block: the same round trip a GET has
+        if sock.recv(1) != b"g":      # one request byte per block: the same round trip as a GET
             break
         for off in range(0, block_bytes, io_size):
             sock.sendall(payload[off:off + io_size])

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
-import json
 import statistics
 import subprocess
 import sys
@@ -33,15 +33,21 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
-from timing import threaded_gbps  # noqa: E402
-import nixl_bare  # noqa: E402
-from baselines import (RedisServer, memcpy_gbps, memcpy_threads_gbps, raw_socket_gbps,  # noqa: E402
-                       raw_socket_p50_ms, redis_gbps)
+import nixl_bare
+from baselines import (
+    RedisServer,
+    memcpy_gbps,
+    memcpy_threads_gbps,
+    raw_socket_gbps,
+    raw_socket_p50_ms,
+    redis_gbps,
+)
+from results_file import write_results
+from timing import threaded_gbps
 
-from gcache.cli.local_cluster import LocalCluster  # noqa: E402
-from gcache.sdk import Client  # noqa: E402
-from gcache.transport import nixl  # noqa: E402
+from gcache.cli.local_cluster import LocalCluster
+from gcache.sdk import Client
+from gcache.transport import nixl
 
 MiB = 1 << 20
 

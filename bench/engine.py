@@ -56,11 +56,11 @@ def write_model(path: pathlib.Path, kind: str) -> pathlib.Path:
     from engine_testing.tiny_models import tokenizer
     path.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(path)
-    common = dict(vocab_size=VOCAB, hidden_size=768, intermediate_size=2048,
-                  num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4,
-                  head_dim=64, max_position_embeddings=32768, dtype="float32",
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                  pad_token_id=tok.pad_token_id)
+    common = {"vocab_size": VOCAB, "hidden_size": 768, "intermediate_size": 2048,
+              "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 4,
+              "head_dim": 64, "max_position_embeddings": 32768, "dtype": "float32",
+              "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+              "pad_token_id": tok.pad_token_id}
     if kind == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
         model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))

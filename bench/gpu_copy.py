@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "connectors", "vllm"))
-from results_file import write_results  # noqa: E402
+from results_file import write_results
 
 MiB = 1 << 20
 

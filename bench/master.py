@@ -24,13 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import write_results
 
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import MasterError
-from gcache.proto import master_pb2 as pb
 from gcache.master_client import MasterClient
-
+from gcache.proto import master_pb2 as pb
 
 
 def cpu_seconds(pid: int) -> float:

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import threaded_gbps  # noqa: E402
+from timing import threaded_gbps
 
 MiB = 1 << 20
 

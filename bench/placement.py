@@ -30,10 +30,10 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import write_results
 
-from gcache.kv.page_keys import head_groups, head_pages  # noqa: E402
-from gcache.placement import DEFAULT_VNODES, Ring  # noqa: E402
+from gcache.kv.page_keys import head_groups, head_pages
+from gcache.placement import DEFAULT_VNODES, Ring
 
 BLOCK_TOKENS = 512             # the trace's block (page) size
 TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
@@ -71,11 +71,11 @@ def measure(chains: list[list[int]], rule: str, ring: Ring, width: int) -> dict:
             if block not in owner:
                 owner[block] = ring.owner(_page(block), group=group_of(chain, i),
                                           group_width=width)
-    per_server = {s: 0 for s in ring.servers}
+    per_server = dict.fromkeys(ring.servers, 0)
     for server in owner.values():
         per_server[server] += 1
     mean = statistics.mean(per_server.values())
-    broken = {s: 0 for s in ring.servers}
+    broken = dict.fromkeys(ring.servers, 0)
     for chain in chains:
         for server in {owner[b] for b in chain}:
             broken[server] += 1

@@ -34,13 +34,13 @@ import uuid
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_file import write_results  # noqa: E402
+from results_file import write_results
 
 from gcache.cli.local_cluster import LocalCluster
+from gcache.config import ServerConfig
 from gcache.keys import checksum
 from gcache.sdk import Client
 from gcache.server.daemon import open_tiers
-from gcache.config import ServerConfig
 
 MiB = 1 << 20
 

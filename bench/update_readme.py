@@ -136,7 +136,8 @@ def render_tiers(report: dict) -> str:
     lines += ["", f"Hot 64 KiB `get_into` on a server with a cold tier: p50 "
               f"{hot['hot_p50_ms']:.3f} ms, p99 {hot['hot_p99_ms']:.3f} ms; while another "
               f"process writes {hot['demotion_rate_mib_s']:.0f} MiB/s and the demoter moves "
-              f"{hot['demoted_during_measure']} objects to disk: p50 {hot['hot_demoting_p50_ms']:.3f} ms, p99 "
+              f"{hot['demoted_during_measure']} objects to disk: p50 "
+              f"{hot['hot_demoting_p50_ms']:.3f} ms, p99 "
               f"{hot['hot_demoting_p99_ms']:.3f} ms ({hot['p99_ratio']:.2f}× the p99 without)."]
     return "\n".join(lines)
 

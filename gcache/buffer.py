@@ -50,7 +50,7 @@ def device_bytes(tensor: Any, *, what: str = "value") -> Any:
     if not tensor.is_contiguous():
         raise InvalidRequest(f"{what} is a non-contiguous {tensor.device} tensor of shape "
                              f"{tuple(tensor.shape)}; buffers must be contiguous")
-    import torch                                    # the caller has it: it made the tensor
+    import torch  # the caller has it: it made the tensor
     return tensor.reshape(-1).view(torch.uint8)
 
 

@@ -30,7 +30,7 @@ def serve_metrics_http(address: str, render: Callable[[], bytes], *, token: str 
     class Handler(BaseHTTPRequestHandler):
         timeout = 10.0                  # seconds a scraper may take: an idle one frees its thread
 
-        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        def do_GET(self) -> None:
             if expected is not None and not hmac.compare_digest(
                     self.headers.get("Authorization", "").encode(), expected):
                 log.warning("metrics.auth_failed peer=%s", self.client_address[0])
@@ -52,7 +52,7 @@ def serve_metrics_http(address: str, render: Callable[[], bytes], *, token: str 
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:   # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return                   # one line per scrape would drown the daemon's own log
 
     host, _, port = address.rpartition(":")

@@ -14,8 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gcache.errors import (AuthFailed, ChecksumMismatch, ConnectFailed, ConnectionLost,
-                           GCacheError, IOTimeout, NoSpace, ProtocolError, ServerError)
+from gcache.errors import (
+    AuthFailed,
+    ChecksumMismatch,
+    ConnectFailed,
+    ConnectionLost,
+    GCacheError,
+    IOTimeout,
+    NoSpace,
+    ProtocolError,
+    ServerError,
+)
 from gcache.frame import Header, Op, Status
 
 _WRITES = frozenset({Op.PUT, Op.ALLOC, Op.COMMIT})

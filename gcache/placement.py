@@ -45,7 +45,7 @@ IN_MAP = (pb.ALIVE, pb.SUSPECT)     # states whose servers own keys (suspect kee
 class Ring:
     """Immutable ring over ``weights`` (address -> capacity weight, any positive unit)."""
 
-    __slots__ = ("_points", "_owners", "_servers", "_live")
+    __slots__ = ("_live", "_owners", "_points", "_servers")
 
     def __init__(self, weights: Mapping[str, float], *, vnodes: int = DEFAULT_VNODES,
                  live: Sequence[str] | None = None) -> None:
@@ -64,7 +64,7 @@ class Ring:
 
     @classmethod
     def uniform(cls, servers: Sequence[str], *, vnodes: int = DEFAULT_VNODES) -> Ring:
-        return cls({address: 1.0 for address in servers}, vnodes=vnodes)
+        return cls(dict.fromkeys(servers, 1.0), vnodes=vnodes)
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -141,7 +141,7 @@ class PlacedMap:
     """One map's servers on a ring under one ``Placement``: key -> owner, by server id or by
     address. Immutable, so readers take a reference and need no lock."""
 
-    __slots__ = ("ring", "address_of", "placement")
+    __slots__ = ("address_of", "placement", "ring")
 
     def __init__(self, members: Mapping[str, tuple[str, float]], live: Sequence[str] | None,
                  placement: Placement) -> None:

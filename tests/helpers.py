@@ -8,7 +8,8 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, *, period_s: float = 0.02) -> None:
+def wait_until(predicate: Callable[[], object], timeout_s: float, *,
+               period_s: float = 0.02) -> None:
     """Poll ``predicate`` until it is truthy; AssertionError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -70,12 +70,12 @@ def _put_get_check(args: argparse.Namespace) -> int:
 
     total, block = parse_size(args.total, key="--total"), parse_size(args.block, key="--block")
     print(f"gcache demo: raw put/get check, {args.servers} gcache-server(s) of {args.memory}")
-    with LocalCluster(args.servers, memory=args.memory) as cluster:
-        with Client(cluster.addresses, timeout_s=args.timeout) as client:
-            raw = run_workload(client, total_bytes=total, block_bytes=block,
-                               progress=not args.quiet)
-            stats = client.stats()
-            server_stats = client.server_stats()
+    with LocalCluster(args.servers, memory=args.memory) as cluster, \
+            Client(cluster.addresses, timeout_s=args.timeout) as client:
+        raw = run_workload(client, total_bytes=total, block_bytes=block,
+                           progress=not args.quiet)
+        stats = client.stats()
+        server_stats = client.server_stats()
     print(f"gcache demo: {raw.summary()}")
     print(f"gcache demo: misses_by_reason={stats['misses_by_reason']}")
     evicted = sum(s["tier"]["evicted_objects"] for s in server_stats.values() if s)
@@ -152,8 +152,8 @@ def _drain(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from gcache.proto import master_pb2 as pb
     from gcache.master_client import MasterClient, parse_masters
+    from gcache.proto import master_pb2 as pb
 
     link = MasterClient(parse_masters(args.master),
                       token=args.token or os.environ.get("GCACHE_TOKEN"), timeout_s=5.0)

@@ -24,9 +24,18 @@ import time
 from dataclasses import replace
 
 from gcache.kv import KVStore, ModelLayout
-from gcache.kv.replay import (DEFAULT_BUDGETS, DEFAULT_POLICIES, PreparedTrace, ReplayRow,
-                              format_table, plot_curves, prepare, replay_model,
-                              rows_for_budget, write_json)
+from gcache.kv.replay import (
+    DEFAULT_BUDGETS,
+    DEFAULT_POLICIES,
+    PreparedTrace,
+    ReplayRow,
+    format_table,
+    plot_curves,
+    prepare,
+    replay_model,
+    rows_for_budget,
+    write_json,
+)
 from gcache.kv.trace import BLOCK_SIZE, iter_tokens, read_trace
 
 DEFAULT_TRACE = "data/traces/conversation_trace.jsonl"
@@ -132,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gcache replay: wrote {args.out}")
     if args.plot:
         plot_curves([r for r in rows if r.source in ("model", "cluster")], args.plot,
-                    title=f"{layout.model}, {len(requests)} requests of {os.path.basename(args.trace)}")
+                    title=f"{layout.model}, {len(requests)} requests of "
+                          f"{os.path.basename(args.trace)}")
         print(f"gcache replay: wrote {args.plot}")
     return 0
 

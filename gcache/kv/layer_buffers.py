@@ -12,7 +12,8 @@ through its pinned staging over TCP.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from gcache.buffer import as_bytes
 from gcache.errors import InvalidRequest
@@ -41,8 +42,9 @@ class LayerArrays:
         for layer, array in arrays.items():
             view = as_bytes(array, writable=False, what=f"layer {layer} buffer")
             if len(view) % layout.layer_bytes_per_token(layer):
+                per_token = layout.layer_bytes_per_token(layer)
                 raise InvalidRequest(f"layer {layer} buffer is {len(view)} bytes; not a multiple "
-                                     f"of its {layout.layer_bytes_per_token(layer)} bytes per token")
+                                     f"of its {per_token} bytes per token")
             self._views[layer] = view
         self._arrays = dict(arrays)
 

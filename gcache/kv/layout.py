@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 from gcache.errors import ConfigError
 
@@ -149,7 +150,8 @@ def _load(config: Mapping[str, Any] | str | os.PathLike) -> tuple[str, Mapping[s
         return str(config.get("model_type", "model")), config
     path = os.fspath(config)
     if path in SHIPPED_CONFIGS:
-        text = resources.files("gcache.kv").joinpath("model_configs").joinpath(f"{path}.json").read_text()
+        configs = resources.files("gcache.kv").joinpath("model_configs")
+        text = configs.joinpath(f"{path}.json").read_text()
         return path, json.loads(text)
     try:
         with open(path, encoding="utf-8") as f:

@@ -22,7 +22,7 @@ deployment's longest shared prompt.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import xxhash

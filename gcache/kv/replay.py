@@ -14,8 +14,8 @@ servers, which this layer must not do.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 from gcache.errors import MissingDependency
 from gcache.kv.layout import ModelLayout

@@ -19,9 +19,10 @@ reports what it could not store, and a load reports the layers that did not arri
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +32,7 @@ from gcache.kv import page_keys
 from gcache.kv.layer_buffers import KVSink, KVSource
 from gcache.kv.layout import ModelLayout
 from gcache.kv.load import LoadHandle
-from gcache.kv.policy import (DEFAULT_POLICY, Pressure, PressureGauge, StorePolicy,
-                              policy_from_name)
+from gcache.kv.policy import DEFAULT_POLICY, Pressure, PressureGauge, StorePolicy, policy_from_name
 from gcache.kv.window import leading, safe_boundary, tail_span
 
 TAIL_CANDIDATES_PER_ROUND = 4

@@ -58,7 +58,8 @@ def _add_file(digest: xxhash.xxh3_128, path: str) -> None:
             spans = sorted((int(t["data_offsets"][0]), int(t["data_offsets"][1]))
                            for key, t in tensors.items() if key != "__metadata__")
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise ConfigError("model weights", path, f"unreadable safetensors header: {exc}")
+            raise ConfigError("model weights", path,
+                              f"unreadable safetensors header: {exc}") from None
         if spans and 8 + header_len + spans[-1][1] > size:
             raise ConfigError("model weights", path, f"truncated: its header places data up to "
                               f"byte {8 + header_len + spans[-1][1]} of a {size}-byte file")

@@ -10,7 +10,7 @@ share one definition.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from gcache.errors import InvalidRequest
 

@@ -7,8 +7,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gcache.master.raft import RaftGroup
-from gcache.metrics_http import serve_metrics_http
 from gcache.master.state import STATES
+from gcache.metrics_http import serve_metrics_http
 
 
 class MasterCollector(Collector):

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from gcache.errors import MasterError
 from gcache.master.liveness import Liveness
+from gcache.master.raft import RaftGroup
+from gcache.master.state import Applied, Command, Drain, Leave, Refused, Register, ServerRecord
 from gcache.master_client import LEADER_KEY, TOKEN_KEY
 from gcache.placement import Placement
-from gcache.master.raft import RaftGroup
-from gcache.master.state import (Applied, Command, Drain, Leave, Refused, Register,
-                                 ServerRecord)
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 

@@ -6,4 +6,4 @@ from gcache.sdk.client import Client
 from gcache.sdk.fill import Fill
 from gcache.transport.pinned import DONE, PinnedPool, PoolExhausted
 
-__all__ = ["Client", "DONE", "Fill", "PinnedPool", "PoolExhausted"]
+__all__ = ["DONE", "Client", "Fill", "PinnedPool", "PoolExhausted"]

@@ -185,7 +185,7 @@ def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Any] 
 
 
 def read_one(d: Dispatcher, key: bytes, out: Any,
-             group: bytes | None) -> ReadResult | Status | None | Miss:
+             group: bytes | None) -> ReadResult | Status | Miss | None:
     """One key's read on its owner, over its link's exchange."""
     return call_staged(d, d.owner(key, group),
                        lambda x, ch: x.read(ch, key, out, verify=d.verifies(x)))

@@ -33,6 +33,7 @@ from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
 from gcache.frame import FLAG_CONTENT_ADDRESSED
 from gcache.keys import group_hash, validate_key
+from gcache.master_client import MasterClient, parse_masters
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import MISS, Dispatcher, Groups
@@ -40,7 +41,6 @@ from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.transport.cuda import after_callers_work
-from gcache.master_client import MasterClient, parse_masters
 
 log = logging.getLogger(__name__)
 

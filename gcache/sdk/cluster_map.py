@@ -4,16 +4,16 @@
 ``refresh_s`` whether the epoch moved (``GetClusterMap(since_epoch)``: an unchanged map costs a
 few bytes). A new map rebuilds the ring over every server the map knows, weighted by
 capacity, with the alive and suspect ones owning keys (see ``gcache.placement`` for why the
-others stay on it), under the map's placement parameters. When no master answers, the client keeps placing keys on its cached map, so a master
-failover or outage never stalls IO; a server that died meanwhile costs fast misses until a
-master answers again.
+others stay on it), under the map's placement parameters. When no master answers, the client
+keeps placing keys on its cached map, so a master failover or outage never stalls IO; a server
+that died meanwhile costs fast misses until a master answers again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from gcache.errors import MasterError
 from gcache.master_client import MasterClient, jittered

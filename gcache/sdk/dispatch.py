@@ -15,8 +15,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gcache.config import ClientConfig
-from gcache.errors import (AuthFailed, ConnectFailed, ConnectionLost, IOTimeout, ProtocolError,
-                           ServerError, TransportError)
+from gcache.errors import (
+    ProtocolError,
+    ServerError,
+    TransportError,
+)
 from gcache.keys import key_hash
 from gcache.outcomes import error_miss
 from gcache.placement import PlacedMap, Placement

@@ -25,8 +25,7 @@ from typing import Any
 
 from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, ProtocolError
-from gcache.frame import (FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status,
-                          encode_keys)
+from gcache.frame import FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys
 from gcache.keys import checksum
 from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.sdk.protocol import Channel, ReadResult, check_fits
@@ -148,7 +147,7 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, grou
     """Pipelined ALLOCs; NO_SPACE where the server had no room."""
     extents: list[Extent | Status] = []
     until_s = time.monotonic() + window_s
-    requests = [dict(key=k, length=size, group=group, flags=flags)
+    requests = [{"key": k, "length": size, "group": group, "flags": flags}
                 for k, size in zip(keys, sizes)]
     for n, reply in enumerate(_pipelined(ch, requests, Op.ALLOC)):
         raise_unless_answer(reply, "ALLOC")
@@ -176,7 +175,7 @@ def commit(ch: Channel, handle: int, digest: int) -> Status:
 def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
     """Pipelined COMMITs, in order."""
     statuses = []
-    for reply in _pipelined(ch, [dict(handle=h, checksum=d) for h, d in zip(handles, digests)],
+    for reply in _pipelined(ch, [{"handle": h, "checksum": d} for h, d in zip(handles, digests)],
                             Op.COMMIT):
         raise_unless_answer(reply, "COMMIT")
         statuses.append(reply.status)

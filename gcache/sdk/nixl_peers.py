@@ -77,7 +77,7 @@ class NixlPeers:
         except TimeoutError:
             raise ConnectFailed(f"{address}: adding its NIXL agent took over the IO timeout "
                                 f"({self._timeout_s}s)") from None
-        except Exception as exc:                 # noqa: BLE001 - nixlBind errors
+        except Exception as exc:
             raise ConnectFailed(f"{address}: its NIXL agent could not be added: {exc}") from None
 
     def forget(self, address: str) -> None:

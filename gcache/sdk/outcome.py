@@ -25,7 +25,7 @@ def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool
     return False
 
 
-def read_outcome(stats: ClientStats, result: ReadResult | Status | None | Miss, *,
+def read_outcome(stats: ClientStats, result: ReadResult | Status | Miss | None, *,
                  want_bytes: bool) -> Any:
     """The value (bytes) or its length, or None for absent, failed and corrupt reads, and for
     a value the server could not bring up from its disk for want of memory (NO_SPACE)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-
 from collections.abc import Callable
 
 from gcache.errors import ConnectFailed

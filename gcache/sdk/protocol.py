@@ -22,10 +22,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gcache.errors import InvalidRequest, ProtocolError
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, GET_ENTRY, HEADER_SIZE, PUT_ENTRY, TRAILER,
-                          Header, Op, Status, encode_keys, unpack_header)
-from gcache.outcomes import raise_for_status, raise_unless_answer
+from gcache.frame import (
+    FLAG_CHECKSUM_TRAILS,
+    GET_ENTRY,
+    HEADER_SIZE,
+    PUT_ENTRY,
+    TRAILER,
+    Header,
+    Op,
+    Status,
+    encode_keys,
+    unpack_header,
+)
 from gcache.keys import checksum_stream
+from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42        # a batch reply's whole payload; each part is checked too
@@ -50,7 +60,7 @@ class Channel:
     (a miss) before anything is allocated for it.
     """
 
-    __slots__ = ("conn", "timeout_s", "max_value_size", "_next_id")
+    __slots__ = ("_next_id", "conn", "max_value_size", "timeout_s")
 
     def __init__(self, conn: StreamConnection, *, timeout_s: float,
                  max_value_size: int = 1 << 30) -> None:

@@ -5,7 +5,8 @@ tensor and the server's arena directly."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor
 from gcache.sdk.protocol import ReadResult

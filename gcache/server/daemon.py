@@ -21,6 +21,9 @@ from typing import Any
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, TransportError
+from gcache.frame import VERSION
+from gcache.master_client import MasterClient
+from gcache.placement import PlacedMap, Placement
 from gcache.server.cold_store import ColdStore
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
@@ -29,11 +32,8 @@ from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier import HotTier
 from gcache.server.tier_protocol import Tier
 from gcache.server.tiered import TieredStore
-from gcache.transport.stream import StreamConnection
-from gcache.frame import VERSION
 from gcache.transport.shm import UnixListener, host_id
-from gcache.master_client import MasterClient
-from gcache.placement import PlacedMap, Placement
+from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import TcpListener
 
 log = logging.getLogger(__name__)

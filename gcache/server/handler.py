@@ -27,11 +27,25 @@ import time
 from collections.abc import Callable
 
 from gcache.config import ServerConfig
-from gcache.errors import (ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError,
-                           TransportError)
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_CONTENT_ADDRESSED, FLAG_IN_PLACE,
-                          FLAG_NO_REPLY, GET_ENTRY, HANDLE, HEADER_SIZE, LEASE_ENTRY, PUT_ENTRY,
-                          TRAILER, Header, Op, Status, auth_proof, decode_keys, unpack_header)
+from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError, TransportError
+from gcache.frame import (
+    FLAG_CHECKSUM_TRAILS,
+    FLAG_CONTENT_ADDRESSED,
+    FLAG_IN_PLACE,
+    FLAG_NO_REPLY,
+    GET_ENTRY,
+    HANDLE,
+    HEADER_SIZE,
+    LEASE_ENTRY,
+    PUT_ENTRY,
+    TRAILER,
+    Header,
+    Op,
+    Status,
+    auth_proof,
+    decode_keys,
+    unpack_header,
+)
 from gcache.keys import MAX_KEY_BYTES
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request

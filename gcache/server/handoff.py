@@ -14,17 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, NoSpace, Unavailable
-from gcache.frame import (FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status,
-                          unpack_header)
+from gcache.frame import FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status, unpack_header
+from gcache.master_client import MasterClient, backoff_s
+from gcache.placement import PlacedMap, Placement
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier_protocol import Tier
 from gcache.transport.handshake import handshake
-from gcache.master_client import MasterClient, backoff_s
-from gcache.placement import PlacedMap, Placement
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
 

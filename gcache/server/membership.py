@@ -13,11 +13,11 @@ import logging
 import os
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from gcache.errors import MasterError, NotRegistered, Unavailable
-from gcache.proto import master_pb2 as pb
 from gcache.master_client import STATE_NAMES, MasterClient, jittered
+from gcache.proto import master_pb2 as pb
 
 log = logging.getLogger(__name__)
 

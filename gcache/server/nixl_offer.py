@@ -33,7 +33,7 @@ def offer_arena(arena: Any, *, devices: tuple[str, ...],
         agent.register(nixl.Region(address, arena.size_bytes))
         fact = {"metadata": base64.b64encode(agent.metadata()).decode(),
                 "arena_address": address}
-    except Exception as exc:                            # noqa: BLE001 - NIXL/UCX start-up
+    except Exception as exc:
         log.warning("server.nixl off: the NIXL agent did not start: %s", exc)
         return None
     log.info("server.nixl on agent=%s devices=%s", agent.name, ",".join(devices) or "ucx-default")

@@ -22,10 +22,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gcache.keys import checksum
-from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
-                                 STATE_COMMITTED, STATE_PENDING, STATE_SUPERSEDED,
-                                 STATE_TOMBSTONE, Arena,
-                                 header_check, read_segment_header, record_size, value_offset)
+from gcache.server.arena import (
+    ALIGN,
+    RECORD,
+    RECORD_MAGIC,
+    SEGMENT_HEADER_BYTES,
+    STATE_COMMITTED,
+    STATE_PENDING,
+    STATE_SUPERSEDED,
+    STATE_TOMBSTONE,
+    Arena,
+    header_check,
+    read_segment_header,
+    record_size,
+    value_offset,
+)
 
 log = logging.getLogger(__name__)
 

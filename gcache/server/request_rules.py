@@ -7,8 +7,7 @@ connection. Checks that need the server's state (unknown handles, space) are the
 
 from __future__ import annotations
 
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, HANDLE, TRAILER, Header, Op,
-                          Status)
+from gcache.frame import FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, HANDLE, TRAILER, Header, Op, Status
 from gcache.keys import MAX_KEY_BYTES
 
 KEYED = frozenset({Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE})

@@ -26,13 +26,22 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
-from gcache.server.arena import (STATE_COMMITTED, STATE_PENDING, STATE_SUPERSEDED,
-                                 STATE_TOMBSTONE, Arena, Segment, record_size, value_offset)
+from gcache.server.arena import (
+    STATE_COMMITTED,
+    STATE_PENDING,
+    STATE_SUPERSEDED,
+    STATE_TOMBSTONE,
+    Arena,
+    Segment,
+    record_size,
+    value_offset,
+)
 from gcache.server.entry_index import EntryIndex
 from gcache.server.recovery import scan
 

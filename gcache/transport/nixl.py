@@ -162,7 +162,7 @@ class NixlAgent:
             self._regions.remove(found[0])
         try:
             self._agent.deregister_memory(found[1])
-        except Exception as exc:                        # noqa: BLE001 - nixlBind errors
+        except Exception as exc:
             # Still registered as far as NIXL knows: its memory must stay alive.
             with self._lock:
                 self._stuck.append(found)
@@ -210,7 +210,7 @@ class NixlAgent:
         if name is not None:
             try:
                 self._agent.remove_remote_agent(name)
-            except Exception as exc:                    # noqa: BLE001 - nothing left to undo
+            except Exception as exc:
                 log.info("nixl.remove_remote_failed agent=%s detail=%s", name, exc)
 
     # ---- transfers ------------------------------------------------------------------------------
@@ -246,13 +246,13 @@ class NixlAgent:
             theirs = self._agent.get_xfer_descs(
                 [(remote_address + o, n, 0) for o, n in pieces], "DRAM")
             handle = self._agent.initialize_xfer(op, mine, theirs, remote)
-        except Exception as exc:                        # noqa: BLE001 - NIXL raises nixlBind errors
+        except Exception as exc:
             self._slots.release()
             raise ConnectionLost(f"{what} could not start: {exc}") from None
         transfer = Transfer(handle, what, deadline)
         try:
             transfer.state = self._agent.transfer(handle)
-        except Exception as exc:                        # noqa: BLE001
+        except Exception as exc:
             self._done(transfer)
             raise ConnectionLost(f"{what} failed to post: {exc}") from None
         return transfer
@@ -274,7 +274,7 @@ class NixlAgent:
                 raise ConnectionLost(f"{transfer.what} failed")
         except (IOTimeout, ConnectionLost):
             raise
-        except Exception as exc:                        # noqa: BLE001
+        except Exception as exc:
             raise ConnectionLost(f"{transfer.what} failed: {exc}") from None
         finally:
             self._done(transfer)
@@ -292,7 +292,7 @@ class NixlAgent:
     def _release(self, handle: Any) -> None:
         try:
             self._agent.release_xfer_handle(handle)
-        except Exception as exc:                        # noqa: BLE001 - a transfer still running
+        except Exception as exc:
             log.warning("nixl.release_failed detail=%s", exc)
 
     def close(self) -> None:
@@ -303,12 +303,12 @@ class NixlAgent:
         for name in remotes:
             try:
                 self._agent.remove_remote_agent(name)
-            except Exception:                           # noqa: BLE001
+            except Exception:
                 pass
         for _, descs, _ in registered:
             try:
                 self._agent.deregister_memory(descs)
-            except Exception as exc:                    # noqa: BLE001
+            except Exception as exc:
                 log.warning("nixl.deregister_failed detail=%s", exc)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gcache.errors import GCacheError, InvalidRequest
 
@@ -140,5 +141,5 @@ def _run_hook(hook: Callable[[Any], Any] | None, buffer: Any, what: str) -> None
         return
     try:
         hook(buffer)
-    except Exception as exc:                    # noqa: BLE001 - a registration is an extra
+    except Exception as exc:
         log.warning("pinned.%s_failed bytes=%d detail=%s", what, buffer.numel(), exc)

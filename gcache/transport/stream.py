@@ -37,8 +37,17 @@ class StreamConnection:
     ``sendmsg`` of at most ``io_size`` bytes, with no copy.
     """
 
-    __slots__ = ("_sock", "peer", "io_size", "_timeout_s", "_closed", "_rbuf", "_rview",
-                 "_rpos", "_rend")
+    __slots__ = (
+        "_closed",
+        "_rbuf",
+        "_rend",
+        "_rpos",
+        "_rview",
+        "_sock",
+        "_timeout_s",
+        "io_size",
+        "peer",
+    )
 
     def __init__(self, sock: socket.socket, peer: str, *, io_size: int) -> None:
         self._sock = sock
@@ -84,7 +93,7 @@ class StreamConnection:
                     batch_len += len(piece)
             if batch:
                 self._sendmsg_all(batch, timeout_s, deadline_s)
-        except (socket.timeout, BlockingIOError) as exc:
+        except (TimeoutError, BlockingIOError) as exc:
             raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
         except OSError as exc:
             raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
@@ -146,7 +155,7 @@ class StreamConnection:
                     hasher.update(buf[got:got + n])
                 got += n
             return True
-        except (socket.timeout, BlockingIOError) as exc:
+        except (TimeoutError, BlockingIOError) as exc:
             if got == 0 and idle_ok:
                 return False
             raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({got} of {total} "
@@ -211,7 +220,7 @@ class StreamConnection:
             sent = socket.send_fds(self._sock, [data], list(fds))
             if sent < len(data):
                 self._sock.sendall(memoryview(data)[sent:])
-        except (socket.timeout, BlockingIOError) as exc:
+        except (TimeoutError, BlockingIOError) as exc:
             raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
         except OSError as exc:
             raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
@@ -223,7 +232,7 @@ class StreamConnection:
         self._set_timeout(timeout_s)
         try:
             data, fds, _flags, _addr = socket.recv_fds(self._sock, n_bytes, 4)
-        except (socket.timeout, BlockingIOError) as exc:
+        except (TimeoutError, BlockingIOError) as exc:
             raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s") from exc
         except OSError as exc:
             raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
@@ -264,7 +273,7 @@ def accept_socket(listener: socket.socket, *, timeout_s: float,
     listener.settimeout(timeout_s)
     try:
         sock, peer = listener.accept()
-    except socket.timeout:
+    except TimeoutError:
         return None
     except OSError as exc:
         raise ConnectionLost(f"accept on {name} failed: {exc}") from exc

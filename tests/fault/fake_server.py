@@ -33,7 +33,7 @@ class FakeServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
 

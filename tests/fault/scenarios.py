@@ -244,7 +244,7 @@ def leader_failover(seconds: float, *, log_dir: str, seed: int = 0, token: str) 
             try:
                 if link.status().is_leader:
                     return member.index
-            except Exception:                      # noqa: BLE001 (any failure: not it)
+            except Exception:
                 continue
             finally:
                 link.close()
@@ -308,8 +308,14 @@ def leader_failover(seconds: float, *, log_dir: str, seed: int = 0, token: str) 
 def _arena_targets(path: str) -> list[tuple[str, int, int]]:
     """(part, offset, length) of every segment header, record header, key and value in an
     arena file, found with the arena's own layout."""
-    from gcache.server.arena import (ALIGN, RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES,
-                                     read_segment_header, value_offset)
+    from gcache.server.arena import (
+        ALIGN,
+        RECORD,
+        RECORD_MAGIC,
+        SEGMENT_HEADER_BYTES,
+        read_segment_header,
+        value_offset,
+    )
     with open(path, "rb") as fh:
         data = memoryview(fh.read())
     with open(path + ".key", "rb") as fh:

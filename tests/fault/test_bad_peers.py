@@ -6,8 +6,17 @@ import struct
 import pytest
 
 from gcache import Client
-from gcache.frame import (FLAG_CHECKSUM_TRAILS, HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op,
-                          Status, unpack_header)
+from gcache.frame import (
+    FLAG_CHECKSUM_TRAILS,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    Header,
+    Op,
+    Status,
+    unpack_header,
+)
 from gcache.keys import checksum
 from tests.helpers import wait_until
 

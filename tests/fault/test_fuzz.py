@@ -8,17 +8,23 @@ a miss (None / False), never an exception.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, invariant, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from gcache import Client
-from gcache.frame import HEADER, MAGIC, VERSION, Header, Op, Status
 from gcache.errors import InvalidRequest
+from gcache.frame import HEADER, MAGIC, VERSION, Header, Op, Status
 from gcache.keys import checksum
 from gcache.sdk import protocol
 from gcache.sdk.protocol import Channel
@@ -92,7 +98,7 @@ class ProtocolModel(RuleBasedStateMachine):
         alloc = self.ch.reply(self.ch.request(Op.ALLOC, key=key, length=len(value)))
         assert alloc.status == Status.OK
         bounds = sorted({0, len(value), *(c % len(value) for c in cuts)})
-        pieces = list(zip(bounds, bounds[1:]))
+        pieces = list(itertools.pairwise(bounds))
         for start, end in reversed(pieces) if reverse else pieces:
             reply = self.ch.reply(self.ch.request(Op.WRITE, payload=(value[start:end],),
                                                   handle=alloc.handle, offset=start))

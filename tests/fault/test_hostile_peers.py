@@ -37,7 +37,7 @@ def read_reply(sock: socket.socket) -> Header | None:
     while len(data) < HEADER_SIZE:
         try:
             chunk = sock.recv(HEADER_SIZE - len(data))
-        except (ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionResetError):
             return None
         if not chunk:
             return None
@@ -53,7 +53,7 @@ def is_closed_by_server(sock: socket.socket, within_s: float) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

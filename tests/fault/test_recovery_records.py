@@ -69,7 +69,7 @@ def record_offset(tier: HotTier, key: bytes) -> int:
 
 def test_an_uncommitted_write_opening_a_segment_hides_nothing(arena_name):
     tier = arena_name()
-    torn, _, view = tier.alloc(b"torn", 5000)          # the first record of the first segment
+    _torn, _, view = tier.alloc(b"torn", 5000)          # the first record of the first segment
     view.release()
     expected = {f"k{i}".encode(): value(i) for i in range(12)}
     for key, val in expected.items():

@@ -111,7 +111,7 @@ def test_a_saved_prompt_loads_into_other_blocks_bit_for_bit(cluster_factory, dev
         if device == "cuda":
             assert saver.transfers.pool.allocations > 0            # pinned staging, reused
             before = saver.transfers.pool.allocations
-            save(saver, blocks)                    # gathered and copied again, into the same buffers
+            save(saver, blocks)            # gathered and copied again, into the same buffers
             assert saver.transfers.pool.allocations == before
 
 
@@ -131,7 +131,7 @@ def test_a_bound_load_whose_layers_never_ran_is_reported_for_recompute(cluster_f
     kind of model whose loads are synchronous, and whose failures vLLM takes as block ids.)"""
     cluster = cluster_factory(1, memory="64MiB")
     caches = kv_caches("cpu", "cpu", seed=3)
-    one_group = {name: 0 for name in NAMES}
+    one_group = dict.fromkeys(NAMES, 0)
     with Client(cluster.addresses, timeout_s=5.0) as client:
         save(worker(client, caches, one_group), [1, 2, 3, 4, 5, 6])
         loader = worker(client, kv_caches("cpu", "cpu", seed=None), one_group)

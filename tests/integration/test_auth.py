@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from gcache import Client
+from gcache.errors import GCacheError
 from gcache.frame import HEADER_SIZE, Header, Op, Status, auth_proof, unpack_header
 from gcache.transport.shm import connect_unix
 
@@ -70,7 +71,7 @@ def test_requests_before_auth_are_refused_and_the_connection_closed(secured):
     conn.send((Header(Op.GET, 1, key_len=1).pack(), b"k"), timeout_s=2)
     raw, fds = conn.recv_fds(HEADER_SIZE, timeout_s=2)
     assert unpack_header(raw, max_payload=1 << 20).status == Status.AUTH_REQUIRED and fds == []
-    with pytest.raises(Exception):
+    with pytest.raises(GCacheError):
         hello(conn, 2)                                 # closed by the server
     conn.close()
 

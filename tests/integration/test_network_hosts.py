@@ -56,11 +56,11 @@ def test_masters_and_servers_on_separate_hosts_form_one_cluster(tmp_path):
             LocalMasters(1, host=net.own_address, env={"GCACHE_TOKEN": TOKEN},
                          log_dir=str(tmp_path / "masters")) as masters, \
             LocalCluster(2, memory="64MiB", server_args=SERVER_ARGS, hosts=net.hosts(),
-                         master=masters.spec, log_dir=str(tmp_path / "servers")) as cluster:
-        with Client(master=masters.spec, timeout_s=5.0, token=TOKEN) as client:
-            wait_until(lambda: sorted(client.stats()["servers"]) == sorted(cluster.addresses),
-                       timeout_s=20)
-            keys = [f"m{i}" for i in range(32)]
-            assert client.batch_put(keys, [VALUE[:4096]] * 32) == [True] * 32
-            assert client.batch_get(keys) == [VALUE[:4096]] * 32
-            assert client.stats()["shm_servers"] == []
+                         master=masters.spec, log_dir=str(tmp_path / "servers")) as cluster, \
+            Client(master=masters.spec, timeout_s=5.0, token=TOKEN) as client:
+        wait_until(lambda: sorted(client.stats()["servers"]) == sorted(cluster.addresses),
+                   timeout_s=20)
+        keys = [f"m{i}" for i in range(32)]
+        assert client.batch_put(keys, [VALUE[:4096]] * 32) == [True] * 32
+        assert client.batch_get(keys) == [VALUE[:4096]] * 32
+        assert client.stats()["shm_servers"] == []

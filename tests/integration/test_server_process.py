@@ -7,9 +7,9 @@ import sys
 import urllib.request
 
 from gcache import Client
-from gcache.transport.tcp import connect
 from gcache.frame import Op
 from gcache.sdk.protocol import Channel
+from gcache.transport.tcp import connect
 from tests.helpers import wait_until
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
-from tests.network_hosts import NetworkHosts, available as netns_unavailable
+from tests.network_hosts import NetworkHosts
+from tests.network_hosts import available as netns_unavailable
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL (pip install --no-deps nixl-cu12==1.5.1)")
 

@@ -30,7 +30,8 @@ def test_alloc_write_commit_makes_a_value_visible_only_at_commit(channel):
                      handle=alloc.handle, offset=offset)
         assert reply.status == Status.OK
     assert call(channel, Op.GET, key=b"wire/a").status == Status.NOT_FOUND
-    assert call(channel, Op.COMMIT, handle=alloc.handle, checksum=checksum(value)).status == Status.OK
+    committed = call(channel, Op.COMMIT, handle=alloc.handle, checksum=checksum(value))
+    assert committed.status == Status.OK
     _, reply = protocol.get_length(channel, b"wire/a")
     assert bytes(channel.payload(reply)) == value
 

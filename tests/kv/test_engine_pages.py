@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from gcache.errors import ConfigError, InvalidRequest
-from gcache.kv import (EnginePages, client_from_settings, gcache_settings, page_regions,
-                       restorable_prefixes)
+from gcache.kv import (
+    EnginePages,
+    client_from_settings,
+    gcache_settings,
+    page_regions,
+    restorable_prefixes,
+)
 from gcache.sdk import Client
 
 T, F = True, False

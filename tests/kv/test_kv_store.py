@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from gcache.errors import InvalidRequest
-from gcache.kv import KVStore, LayerArrays, ModelLayout, tail_span
-from gcache.kv import page_keys
+from gcache.kv import KVStore, LayerArrays, ModelLayout, page_keys, tail_span
 from gcache.kv.policy import Pressure
 from gcache.sdk import Client
 from tests.kv.layouts import all_sliding, full_attention, hybrid

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gcache.kv import KVStore, LayerArrays
-from gcache.kv import page_keys
+from gcache.kv import KVStore, LayerArrays, page_keys
 from gcache.kv.window import leading
 from gcache.sdk import Client
 from tests.kv.layouts import hybrid
@@ -46,7 +45,8 @@ def required_keys(store: KVStore, hashes: list[bytes], boundary: int) -> list[st
     return keys
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations, window=st.sampled_from([8, 16, 40]))
 def test_match_never_reports_a_missing_page_or_tail(small_cluster, ops, window):
     client = small_cluster

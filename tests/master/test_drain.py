@@ -7,8 +7,8 @@ import sys
 from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
-from gcache.proto import master_pb2 as pb
 from gcache.master_client import MasterClient
+from gcache.proto import master_pb2 as pb
 from tests.helpers import wait_until
 
 
@@ -92,7 +92,7 @@ def test_clients_and_a_draining_server_place_keys_by_the_masters_placement(tmp_p
     with LocalMasters(1, args=("--group-width", "3", "--vnodes", "64"),
                       log_dir=str(tmp_path / "m")) as masters, \
             LocalCluster(4, memory="64MiB", master=masters.spec,
-                         log_dir=str(tmp_path / "s")) as cluster:
+                         log_dir=str(tmp_path / "s")):
         wait_until(lambda: len(servers(masters)) == 4, 15)
         keys = [f"tree/{b}" for b in range(60)]
         values = [f"page{b}".encode() * 40 for b in range(60)]

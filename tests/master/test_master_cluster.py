@@ -8,8 +8,8 @@ from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
 from gcache.cli.local_masters import LocalMasters
 from gcache.errors import Unavailable
-from gcache.proto import master_pb2 as pb
 from gcache.master_client import MasterClient
+from gcache.proto import master_pb2 as pb
 from tests.helpers import wait_until
 
 FAST = ("--dead-timeout", "2.0", "--heartbeat-interval", "0.5")
@@ -124,7 +124,7 @@ def test_a_leader_kill_elects_a_new_leader_and_io_never_fails(tmp_path):
     with LocalMasters(3, args=("--heartbeat-interval", "0.5"),
                       log_dir=str(tmp_path / "masters")) as masters, \
             LocalCluster(2, memory="64MiB", master=masters.spec,
-                      log_dir=str(tmp_path / "servers")) as cluster:
+                      log_dir=str(tmp_path / "servers")):
         wait_until(lambda: len(map_states(masters)) == 2, 15)
         with Client(master=masters.spec, timeout_s=1.0, map_refresh_s=0.2) as client:
             wait_until(lambda: leader_index(masters) is not None, 10)

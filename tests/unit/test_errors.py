@@ -6,8 +6,14 @@ import inspect
 import pytest
 
 from gcache import errors
-from gcache.errors import (DeviceError, GCacheError, InvalidRequest, MissingDependency,
-                           StartFailed, WrongType)
+from gcache.errors import (
+    DeviceError,
+    GCacheError,
+    InvalidRequest,
+    MissingDependency,
+    StartFailed,
+    WrongType,
+)
 
 
 @pytest.mark.parametrize("cls, builtin", [

@@ -1,8 +1,18 @@
 import pytest
 
 from gcache.errors import ChecksumMismatch, NoSpace, ProtocolError, ServerError
-from gcache.frame import (HEADER, HEADER_SIZE, MAGIC, VERSION, Header, Op, Status, decode_keys,
-                          encode_keys, unpack_header)
+from gcache.frame import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    Header,
+    Op,
+    Status,
+    decode_keys,
+    encode_keys,
+    unpack_header,
+)
 from gcache.outcomes import raise_for_status
 
 LIMIT = 1 << 30

@@ -46,7 +46,8 @@ def test_packages_import_only_downwards():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"))
+@pytest.mark.parametrize("path", sorted(p.name for p in ROOT.glob("*.py")
+                                         if p.name != "__init__.py"))
 def test_top_level_modules_import_only_each_other(path):
     bad = [f"{path}:{line} imports {name}" for line, name in imports(ROOT / path)
            if name.startswith("gcache") and not any(name == a or name.startswith(a + ".")

@@ -2,8 +2,17 @@
 
 import pytest
 
-from gcache.master.state import (AnnounceMaster, Applied, ClusterState, Drain, Leave,
-                                 Refused, Register, ServerRecord, SetState)
+from gcache.master.state import (
+    AnnounceMaster,
+    Applied,
+    ClusterState,
+    Drain,
+    Leave,
+    Refused,
+    Register,
+    ServerRecord,
+    SetState,
+)
 
 
 def record(server_id="s1", address="127.0.0.1:7700", capacity=1 << 30) -> ServerRecord:

@@ -2,8 +2,16 @@
 
 import pytest
 
-from gcache.errors import (AuthFailed, ChecksumMismatch, ConnectFailed, ConnectionLost,
-                           IOTimeout, NoSpace, ProtocolError, ServerError)
+from gcache.errors import (
+    AuthFailed,
+    ChecksumMismatch,
+    ConnectFailed,
+    ConnectionLost,
+    IOTimeout,
+    NoSpace,
+    ProtocolError,
+    ServerError,
+)
 from gcache.frame import Header, Op, Status
 from gcache.outcomes import STATUSES, error_miss, raise_unless_answer, status_miss
 from gcache.sdk.metrics import MISS_REASONS

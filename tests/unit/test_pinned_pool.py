@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gcache.transport.pinned import DONE, PinnedPool, PoolExhausted  # noqa: E402
+from gcache.transport.pinned import DONE, PinnedPool, PoolExhausted
 
 KIB = 1 << 10
 

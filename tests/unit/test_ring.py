@@ -44,7 +44,7 @@ def test_a_group_lives_on_width_distinct_servers(width):
 
 def test_a_dead_server_moves_only_the_grouped_keys_it_held():
     everyone = Ring.uniform(SERVERS)
-    without = Ring({s: 1.0 for s in SERVERS}, live=SERVERS[1:])
+    without = Ring(dict.fromkeys(SERVERS, 1.0), live=SERVERS[1:])
     moved = 0
     for g in range(60):
         group = f"g{g}".encode()
@@ -61,7 +61,7 @@ def test_a_dead_server_moves_only_the_grouped_keys_it_held():
 
 def test_a_dead_server_moves_only_its_own_plain_keys():
     everyone = Ring.uniform(SERVERS)
-    without = Ring({s: 1.0 for s in SERVERS}, live=SERVERS[1:])
+    without = Ring(dict.fromkeys(SERVERS, 1.0), live=SERVERS[1:])
     assert all(without.owner(k) == everyone.owner(k) for k in KEYS if
                everyone.owner(k) != SERVERS[0])
 

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import os
 
-from gcache.transport.topology import (choose_nics, format_choices, format_cpulist,
-                                       parse_cpulist, read_topology)
+from gcache.transport.topology import (
+    choose_nics,
+    format_choices,
+    format_cpulist,
+    parse_cpulist,
+    read_topology,
+)
 
 GPU, NIC = ("0x10de", "0x030200"), ("0x15b3", "0x020700")
 

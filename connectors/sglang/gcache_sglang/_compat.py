@@ -8,8 +8,14 @@ from __future__ import annotations
 
 try:
     from sglang.srt.mem_cache.hicache_storage import (
-        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo, PoolHitPolicy, PoolName,
-        PoolTransfer, PoolTransferResult)
+        HiCacheStorage,
+        HiCacheStorageConfig,
+        HiCacheStorageExtraInfo,
+        PoolHitPolicy,
+        PoolName,
+        PoolTransfer,
+        PoolTransferResult,
+    )
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 except ImportError as exc:                                   # pragma: no cover - wrong engine
     raise ImportError(f"gcache_sglang needs sglang 0.5.23 (HiCache v2 storage API): {exc}") from exc
@@ -21,9 +27,18 @@ except ImportError:                                          # pragma: no cover 
 
 KV = PoolName.KV.value
 
-__all__ = ["HiCacheStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "KV",
-           "MLATokenToKVPoolHost", "PoolHitPolicy", "PoolName", "PoolTransfer",
-           "PoolTransferResult", "StorageMetrics"]
+__all__ = [
+    "KV",
+    "HiCacheStorage",
+    "HiCacheStorageConfig",
+    "HiCacheStorageExtraInfo",
+    "MLATokenToKVPoolHost",
+    "PoolHitPolicy",
+    "PoolName",
+    "PoolTransfer",
+    "PoolTransferResult",
+    "StorageMetrics",
+]
 
 PASS_PREFIX_KEYS = "hicache_storage_pass_prefix_keys"
 
@@ -38,10 +53,9 @@ def engine_passes_prefix_keys(extra_config: dict | None) -> bool:
     if PASS_PREFIX_KEYS in (extra_config or {}):
         return bool(extra_config[PASS_PREFIX_KEYS])
     try:
-        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import \
-            HybridCacheController
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
         from sglang.srt.runtime_context import get_memory
         raw = get_memory().hicache_storage_backend_extra_config
         return bool(raw) and bool(HybridCacheController.parse_storage_backend_extra_config(raw)[4])
-    except Exception:                                         # noqa: BLE001 - no engine context
+    except Exception:
         return False

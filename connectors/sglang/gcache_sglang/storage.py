@@ -36,15 +36,33 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
-from gcache.kv import (GROUP_HEAD_TOKENS, EnginePages, client_from_settings, count_setting,
-                       gcache_settings, head_groups, head_pages, leading, page_regions,
-                       restorable_prefixes)
-from gcache_sglang._compat import (KV, HiCacheStorage, HiCacheStorageConfig,
-                                   HiCacheStorageExtraInfo, MLATokenToKVPoolHost, PoolHitPolicy,
-                                   PoolTransfer, PoolTransferResult, StorageMetrics,
-                                   engine_passes_prefix_keys)
+from gcache.kv import (
+    GROUP_HEAD_TOKENS,
+    EnginePages,
+    client_from_settings,
+    count_setting,
+    gcache_settings,
+    head_groups,
+    head_pages,
+    leading,
+    page_regions,
+    restorable_prefixes,
+)
+from gcache_sglang._compat import (
+    KV,
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    MLATokenToKVPoolHost,
+    PoolHitPolicy,
+    PoolTransfer,
+    PoolTransferResult,
+    StorageMetrics,
+    engine_passes_prefix_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +79,7 @@ def _answer_on_error(default: Callable[..., Any]):
         def call(self, *args, **kwargs):
             try:
                 return method(self, *args, **kwargs)
-            except Exception:                          # noqa: BLE001 - a miss, never a dead thread
+            except Exception:
                 log.exception("gcache %s failed; answering a miss", method.__name__)
                 self._count("errors", 1)
                 return default(*args, **kwargs)
@@ -81,7 +99,7 @@ def _no_pages(transfers, *_a, **_k) -> dict:
 class GCacheHiCacheStorage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` over a GCache cluster (module docstring). Thread-safe."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
         extra = dict(storage_config.extra_config or {})
         settings = gcache_settings(extra, unused=("policy", "async_load_tokens", "pinned_mb",
                                                   "switch_interval_us"))
@@ -141,8 +159,8 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     # ---- placement and buffers --------------------------------------------------------------
 
-    def _group(self, keys: List[str],
-               extra_info: Optional[HiCacheStorageExtraInfo]) -> list[str] | None:
+    def _group(self, keys: list[str],
+               extra_info: HiCacheStorageExtraInfo | None) -> list[str] | None:
         """Each page's placement group (``gcache.kv.page_keys.head_groups``: the sequence's
         first page key for the pages of its head, the first page past the head for the rest),
         when SGLang tells us where the call starts.
@@ -156,7 +174,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         head = head_pages(self.mem_pool_host.page_size, self.group_head_tokens)
         return head_groups(prefix + list(keys), head)[len(prefix):]
 
-    def _buffers(self, pool: str, keys: List[str], host_indices) -> list[list[memoryview]]:
+    def _buffers(self, pool: str, keys: list[str], host_indices) -> list[list[memoryview]]:
         host_pool = self.registered_pools[pool] if pool != KV else self.mem_pool_host
         expected = len(keys) * host_pool.page_size
         if host_indices is None or host_indices.numel() != expected:
@@ -169,19 +187,19 @@ class GCacheHiCacheStorage(HiCacheStorage):
     # ---- zero copy (v1) ---------------------------------------------------------------------
 
     @_answer_on_error(lambda keys, *a, **k: [False] * len(keys))
-    def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices, extra_info=None) -> list[bool]:
         return self._read(KV, keys, host_indices, self._group(keys, extra_info))
 
     @_answer_on_error(lambda keys, *a, **k: [False] * len(keys))
-    def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices, extra_info=None) -> list[bool]:
         return self._write(KV, keys, host_indices, self._group(keys, extra_info))
 
-    def _read(self, pool: str, keys: List[str], host_indices, group: str | None) -> List[bool]:
+    def _read(self, pool: str, keys: list[str], host_indices, group: str | None) -> list[bool]:
         if not keys:
             return []
         return self._read_pages(pool, keys, self._buffers(pool, keys, host_indices), group)
 
-    def _write(self, pool: str, keys: List[str], host_indices, group: str | None) -> List[bool]:
+    def _write(self, pool: str, keys: list[str], host_indices, group: str | None) -> list[bool]:
         if not keys:
             return []
         if not self._writes(pool):
@@ -189,7 +207,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
             return [True] * len(keys)
         return self._write_pages(pool, keys, self._buffers(pool, keys, host_indices), group)
 
-    def _read_pages(self, pool: str, keys: List[str], parts, group: str | None) -> List[bool]:
+    def _read_pages(self, pool: str, keys: list[str], parts, group: str | None) -> list[bool]:
         """Read pages into their buffers; counted, and timed for SGLang's metrics."""
         start = time.perf_counter()
         done = self.pages.read(pool, keys, parts, group=group)
@@ -198,7 +216,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         self._record("prefetch", pool, leading(done), time.perf_counter() - start)
         return done
 
-    def _write_pages(self, pool: str, keys: List[str], parts, group: str | None) -> List[bool]:
+    def _write_pages(self, pool: str, keys: list[str], parts, group: str | None) -> list[bool]:
         start = time.perf_counter()
         done = self.pages.write(pool, keys, parts, group=group)
         self._count("pages_written", sum(done))
@@ -209,17 +227,17 @@ class GCacheHiCacheStorage(HiCacheStorage):
     # ---- existence ----------------------------------------------------------------------------
 
     @_answer_on_error(lambda *a, **k: 0)
-    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+    def batch_exists(self, keys: list[str], extra_info=None) -> int:
         return self._kv_pages(keys, self._group(keys, extra_info))
 
-    def _kv_pages(self, keys: List[str], group: str | None) -> int:
+    def _kv_pages(self, keys: list[str], group: str | None) -> int:
         """Leading pages whose KV exists, in the objects (and placement) of the path in use."""
         if not self.zero_copy:
             return self.pages.leading_present(FLAT, keys, 1)          # placed key by key
         return self.pages.leading_present(KV, keys, self._parts_of(KV), group=group)
 
     @_answer_on_error(lambda *a, **k: PoolTransferResult(0, {}, []))
-    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
                         extra_info=None) -> PoolTransferResult:
         group = self._group(keys, extra_info)
         kv_pages = self._kv_pages(keys, group)
@@ -254,13 +272,13 @@ class GCacheHiCacheStorage(HiCacheStorage):
     # ---- hybrid pools (v2) ------------------------------------------------------------------
 
     @_answer_on_error(_no_pages)
-    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info=None) -> dict:
+    def batch_get_v2(self, transfers: list[PoolTransfer], extra_info=None) -> dict:
         return {_name(t.name): self._read(_name(t.name), list(t.keys or ()), t.host_indices,
                                           self._group(list(t.keys or ()), extra_info))
                 for t in transfers}
 
     @_answer_on_error(_no_pages)
-    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info=None) -> dict:
+    def batch_set_v2(self, transfers: list[PoolTransfer], extra_info=None) -> dict:
         return {_name(t.name): self._write(_name(t.name), list(t.keys or ()), t.host_indices,
                                            self._group(list(t.keys or ()), extra_info))
                 for t in transfers}
@@ -274,7 +292,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         return self.batch_get([key], [target_location])[0]
 
     @_answer_on_error(lambda keys, *a, **k: [None] * len(keys))
-    def batch_get(self, keys: List[str], target_locations=None, target_sizes=None):
+    def batch_get(self, keys: list[str], target_locations=None, target_sizes=None):
         if target_locations is None or len(target_locations) != len(keys):
             raise ValueError("batch_get needs one target tensor per key")
         done = self._read_pages(FLAT, list(keys), [[t] for t in target_locations], None)
@@ -285,7 +303,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         return self.batch_set([key], [value])
 
     @_answer_on_error(lambda *a, **k: False)
-    def batch_set(self, keys: List[str], values=None, target_locations=None,
+    def batch_set(self, keys: list[str], values=None, target_locations=None,
                   target_sizes=None) -> bool:
         if values is None or len(values) != len(keys):
             raise ValueError("batch_set needs one value tensor per key")

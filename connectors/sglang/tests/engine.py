@@ -106,9 +106,9 @@ class Engine:
         text = self.request("GET", "/metrics").decode()
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                    total += float(line.rsplit(" ", 1)[1])
+            named = line.startswith(name + "{") or line.startswith(name + " ")
+            if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
         return total
 
     def stop(self) -> None:
@@ -169,7 +169,7 @@ def corrupt_every_value(shm_name: str) -> int:
             if at % ALIGN == 0 and at + RECORD.size <= len(arena):
                 _, state, _, key_len, length, *_ = RECORD.unpack_from(arena, at)
                 start = value_offset(at, key_len)
-                if state == STATE_COMMITTED and 0 < length and start + length <= len(arena):
+                if state == STATE_COMMITTED and length > 0 and start + length <= len(arena):
                     arena[start + length // 2] ^= 0xFF
                     hit += 1
             at = arena.find(magic, at + 4)

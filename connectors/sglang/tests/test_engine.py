@@ -10,15 +10,14 @@ and produce the same greedy tokens as Hugging Face ``transformers`` on the same 
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
+from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 
 from .engine import Engine, corrupt_every_value
-from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 NEW_TOKENS = 16
 PAGE = 16

@@ -10,11 +10,17 @@ import time
 import urllib.request
 
 import pytest
+from engine_testing.readme import (
+    Shell,
+    activated,
+    readme_block,
+    remove_server_files,
+    stored_objects,
+    wait_healthy,
+)
+from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 from .engine import shm_files_of_group
-from engine_testing.readme import (Shell, activated, readme_block, remove_server_files,
-                                    stored_objects, wait_healthy)
-from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 GCACHE, URL, PAGE = "127.0.0.1:7710", "http://127.0.0.1:30710", 16

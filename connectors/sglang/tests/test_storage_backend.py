@@ -7,12 +7,15 @@ import threading
 
 import pytest
 import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolTransfer,
+)
 
 from gcache.errors import ConfigError
 from gcache.sdk import Client
 from gcache_sglang.storage import GCacheHiCacheStorage
-from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageExtraInfo, PoolHitPolicy,
-                                                  PoolTransfer)
 
 from .pools import PAGE, backend, fill, mha_host, mla_host, page_keys, pages_of, storage_config
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
-        SupportsHMA)
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        KVConnectorRole,
+        KVConnectorTransferResults,
+        SupportsHMA,
+    )
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 except ImportError as exc:                                   # pragma: no cover - wrong engine
     raise ImportError(f"gcache_vllm needs vllm 0.32 or 0.33 (KVConnectorBase_V1 with "

@@ -32,14 +32,29 @@ import json
 import sys
 from typing import Any
 
-from gcache.kv import (GROUP_HEAD_TOKENS, KVStore, client_from_settings, count_setting,
-                       gcache_settings)
-from gcache_vllm._compat import (KVConnectorBase_V1, KVConnectorRole,
-                               KVConnectorTransferResults, SupportsHMA)
-from gcache_vllm._compat import get_logger, layer_index, tensor_parallel_rank
+from gcache.kv import (
+    GROUP_HEAD_TOKENS,
+    KVStore,
+    client_from_settings,
+    count_setting,
+    gcache_settings,
+)
+from gcache_vllm._compat import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+    get_logger,
+    layer_index,
+    tensor_parallel_rank,
+)
 from gcache_vllm.metadata import GCacheConnectorMetadata
-from gcache_vllm.model_layout import (check_block_sizes, group_of_layers, keyed_model_name,
-                                      model_layout)
+from gcache_vllm.model_layout import (
+    check_block_sizes,
+    group_of_layers,
+    keyed_model_name,
+    model_layout,
+)
 from gcache_vllm.scheduler_side import DEFAULT_ASYNC_LOAD_TOKENS, SchedulerSide
 from gcache_vllm.staging import DEFAULT_PINNED_BYTES
 from gcache_vllm.stats import GCacheStats, take_delta

@@ -50,7 +50,7 @@ def _weights_dir(vllm_config: Any) -> str | None:
         from huggingface_hub import snapshot_download
         return snapshot_download(model_config.model, revision=model_config.revision,
                                  local_files_only=True)
-    except Exception:                                  # noqa: BLE001 - not in the cache
+    except Exception:
         return None
 
 

@@ -30,10 +30,11 @@ known yet) until that save is reported, for ``finish_wait_s`` at most.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gcache_vllm._compat import get_logger
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -122,7 +123,7 @@ class SchedulerSide:
             self.counters["lookup_timeouts"] += 1
             log.warning("gcache match for %s took over %.0f ms; treating it as a miss", req_id,
                         self.probe_timeout_s * 1e3)
-        except Exception:                                  # noqa: BLE001 - a miss, never a stall
+        except Exception:
             log.exception("gcache match failed for %s; treating it as a miss", req_id)
             self.counters["lookup_errors"] += 1
         return 0

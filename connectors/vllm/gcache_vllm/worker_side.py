@@ -36,7 +36,8 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
 from gcache_vllm.staging import DEFAULT_PINNED_BYTES, DONE, Transfers
@@ -154,12 +155,12 @@ class WorkerSide:
         self._release_loads()
         self._loads_of = meta
         for spec in (meta.loads if meta else ()):
+            hit = len(spec.token_ids)
             sink = StagingSink(self.transfers, self.layout.layer_bytes_per_token,
-                               lambda layer, hit=len(spec.token_ids):
-                               self.store.load_span(layer, hit))
+                               lambda layer, hit=hit: self.store.load_span(layer, hit))
             try:
                 handle = self.store.load(spec.token_ids, len(spec.token_ids), sink)
-            except Exception:                              # noqa: BLE001 - a failed load
+            except Exception:
                 log.exception("gcache load of %s could not start", spec.req_id)
                 sink.release()
                 self._fail(spec)
@@ -297,7 +298,7 @@ class WorkerSide:
             return False
         try:
             host, copied = self.transfers.to_host(paged.gather(ids, first, stop))
-        except Exception:                                  # noqa: BLE001 - never fail the step
+        except Exception:
             self._count("save_errors", 1)
             log.exception("gcache save of %s layer %d could not start", spec.req_id, index)
             return False
@@ -340,7 +341,7 @@ class WorkerSide:
                     bound = self.transfers
                 copied.synchronize()
                 self._save(spec, index, host, first)
-            except Exception:                              # noqa: BLE001 - never kill the thread
+            except Exception:
                 self._count("save_errors", 1)
                 log.exception("gcache save of %s layer %d failed", spec.req_id, index)
             finally:
@@ -375,7 +376,7 @@ class WorkerSide:
 
     def take_stats(self) -> dict[str, Any]:
         """What changed since the last call: counter increments and latency samples."""
-        from gcache_vllm.stats import take_delta   # here: stats imports vLLM, this module not
+        from gcache_vllm.stats import take_delta  # here: stats imports vLLM, this module not
         with self._samples_lock:
             counters = dict(self.counters)
         data: dict[str, Any] = take_delta(counters, self._reported)

@@ -47,8 +47,15 @@ def layer_name(i: int) -> str:
 
 def vllm_config(model: pathlib.Path, servers: list[str], *, policy: str = "adaptive",
                 tp_size: int = 1, **settings):
-    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                             ParallelConfig, SchedulerConfig, VllmConfig)
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     model_config = ModelConfig(model=str(model), tokenizer=None, skip_tokenizer_init=True,
                                dtype="float32", max_model_len=1024)
     return VllmConfig(
@@ -71,8 +78,12 @@ def vllm_config(model: pathlib.Path, servers: list[str], *, policy: str = "adapt
 def kv_cache_config(config: dict, *, heads: int, head_dim: int):
     """Groups as vLLM's hybrid allocator makes them: one per attention kind, in layer order of
     first appearance."""
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
     kinds = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
     groups: dict[str, list[str]] = {}
     for i, kind in enumerate(kinds):
@@ -123,9 +134,11 @@ def kv_tensors(names: list[str], *, heads: int, head_dim: int, seed: int | None)
 
 def init_one_process_group() -> None:
     """vLLM's parallel state for one CPU process (the worker side asks for its TP rank)."""
-    from vllm.distributed.parallel_state import (ensure_model_parallel_initialized,
-                                                 init_distributed_environment,
-                                                 model_parallel_is_initialized)
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+        model_parallel_is_initialized,
+    )
     if model_parallel_is_initialized():
         return
     import socket

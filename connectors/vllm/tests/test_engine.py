@@ -9,6 +9,7 @@ by the connector: prefix caching is off) and produce the greedy tokens of Huggin
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
@@ -16,11 +17,10 @@ import subprocess
 import sys
 
 import pytest
+from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy_logprobs, llama, prompt_ids
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
-
-from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy_logprobs, llama, prompt_ids
 
 BLOCK = 32                      # the CPU attention kernel wants multiples of 32
 NEW_TOKENS = 12
@@ -148,7 +148,7 @@ def test_a_three_turn_conversation_hits_through_each_answer(models, gcache, tmp_
     turns = run(path, gcache.addresses, [], conversation=messages, new_tokens=ANSWER,
                 async_load_tokens=async_load_tokens, log=tmp_path / "chat.log")["results"]
     assert turns[0]["cached"] == 0
-    for previous, turn in zip(turns, turns[1:]):
+    for previous, turn in itertools.pairwise(turns):
         with_answer = (previous["prompt_len"] + ANSWER - 1) // BLOCK * BLOCK   # has KV
         assert with_answer > previous["prompt_len"]
         assert turn["cached"] == with_answer, (previous["prompt_len"], turn)

@@ -10,9 +10,14 @@ import time
 import urllib.request
 
 import pytest
-
-from engine_testing.readme import (Shell, activated, readme_block, remove_server_files,
-                                    stored_objects, wait_healthy)
+from engine_testing.readme import (
+    Shell,
+    activated,
+    readme_block,
+    remove_server_files,
+    stored_objects,
+    wait_healthy,
+)
 from engine_testing.tiny_models import llama, prompt_ids
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"

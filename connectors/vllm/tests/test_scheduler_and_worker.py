@@ -9,8 +9,18 @@ import json
 import pytest
 import torch
 
-from .harness import (MADE, PAGE, kv_cache_config, kv_tensors, layer_name, request,
-                      scheduler, until_scheduled, vllm_config, write_config)
+from .harness import (
+    MADE,
+    PAGE,
+    kv_cache_config,
+    kv_tensors,
+    layer_name,
+    request,
+    scheduler,
+    until_scheduled,
+    vllm_config,
+    write_config,
+)
 
 HEADS, HEAD_DIM = 2, 32
 
@@ -200,7 +210,7 @@ def test_stats_reach_vllms_own_kv_transfer_metrics_line(tmp_path, cluster):
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
     config, kv_config, _ = engine_pair(tmp_path, cluster, window=None)
     prompt = list(range(8000, 8100))
-    _, meta = save_prompt(config, kv_config, prompt, seed=6, req_id="a")
+    _, _meta = save_prompt(config, kv_config, prompt, seed=6, req_id="a")
     sched = scheduler(config, kv_config)
     loader, _ = worker(config, kv_config, seed=None)
     sched.add_request(request("b", prompt))
