@@ -16,7 +16,7 @@ VLL_DIR   := connectors/vllm
 MC_VENV   := .venv-mooncake
 MC_STAMP  := $(MC_VENV)/.installed
 
-.PHONY: run test test-core test-fault test-sglang test-vllm test-vllm-interface \
+.PHONY: run test lint test-core test-fault test-sglang test-vllm test-vllm-interface \
 	test-vllm-engine envs bench bench-engine run-engine replay redis mooncake proto soak clean \
 	gpu-check gpu-wheels
 
@@ -40,8 +40,15 @@ run: $(STAMP)
 # installs and held the engine suite back behind it: longer, and sub-second lease windows ran
 # out.)
 test:
-	$(MAKE) --no-print-directory -j4 -O LANES=1 test-core test-sglang test-vllm-engine \
+	$(MAKE) --no-print-directory -j4 -O LANES=1 lint test-core test-sglang test-vllm-engine \
 	  test-vllm-interface test-fault
+
+# A new lint or type error fails make test: ruff over everything we wrote, mypy --strict over
+# gcache/ (pyproject.toml has both configs; the connectors' engines are untyped, so mypy skips
+# them).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gcache tests bench connectors
+	$(VENV)/bin/mypy
 
 test-core: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
@@ -50,6 +57,7 @@ test-fault: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/fault
 
 ifdef LANES
+test-core: | lint
 test-sglang: | test-core
 test-vllm-interface: | test-vllm-engine
 test-fault: | test-vllm-interface
