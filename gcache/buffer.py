@@ -17,7 +17,7 @@ from typing import Any
 from gcache.errors import InvalidRequest, WrongType
 
 
-def _is_tensor(obj: Any) -> bool:
+def _is_tensor(obj: object) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
@@ -34,14 +34,15 @@ def _tensor_view(tensor: Any, *, what: str) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def is_cuda_tensor(obj: Any) -> bool:
+def is_cuda_tensor(obj: object) -> bool:
     return _is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
 
 
 def nbytes(buffer: Any) -> int:
     """Bytes in a flat byte view (what ``as_memoryview`` returns) or a CUDA tensor."""
     if is_cuda_tensor(buffer):
-        return buffer.numel() * buffer.element_size()
+        n_bytes: int = buffer.numel() * buffer.element_size()
+        return n_bytes
     return len(buffer)
 
 

@@ -17,10 +17,15 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gcache.errors import ConfigError
 from gcache.placement import DEFAULT_GROUP_WIDTH, DEFAULT_VNODES
+
+if TYPE_CHECKING:
+    import argparse
+
+    from _typeshed import DataclassInstance
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": KiB, "m": 1000**2, "mb": 1000**2,
@@ -79,6 +84,8 @@ class ServerConfig:
     unix_socket: str = ""                   # same-host socket path; "" is /tmp/<shm_name>.sock,
                                             # "off" disables the shared-memory transport
     token: str | None = None                # cluster token; without one, loopback only
+    token_file: str = ""                    # a file holding the token (systemd credential,
+                                            # Secret volume); read once at start
     disk_dir: str = ""                      # cold tier directory (NVMe); "" is no cold tier
     disk_capacity: int = 64 * GiB           # bytes the cold tier may use (oldest evicted first)
     disk_format: str = "segments"           # "segments" (files + RocksDB index) or "blobs"
@@ -206,6 +213,8 @@ class MasterConfig:
     peers: tuple[str, ...] = ()             # Raft HOST:PORT of every member (self included)
     data_dir: str = ""                      # Raft journal and snapshots; required
     token: str | None = None                # cluster token; without one, loopback only
+    token_file: str = ""                    # a file holding the token (systemd credential,
+                                            # Secret volume); read once at start
     heartbeat_interval_s: float = 1.0       # how often servers beat
     suspect_beats: int = 3                  # missed beats before a server is suspect
     dead_timeout_s: float = 5.0             # seconds without a beat before a server is dead
@@ -259,7 +268,7 @@ def _is_address(text: str) -> bool:
     return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)
 
 
-C = TypeVar("C")
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def _coerce(cls: type, name: str, raw: Any) -> Any:
@@ -296,7 +305,7 @@ def load_config(cls: type[C], section: str, *, path: str | None = None,
     ``flags`` holds only the flags the user gave (None values are ignored). Raises ConfigError
     for an unknown key, a value of the wrong form, or a value that breaks a field's rule.
     """
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -325,19 +334,48 @@ def load_config(cls: type[C], section: str, *, path: str | None = None,
         if name not in known:
             raise ConfigError(name, raw, f"unknown key; known: {sorted(known)}")
         values[name] = _coerce(cls, name, raw)
+    if "token_file" in known:
+        _read_token_file(values, environment)
     return cls(**values)
 
 
-def config_from_args(cls: type[C], section: str, args: Any) -> C:
+CREDENTIAL = "gcache-token"     # systemd ``LoadCredential=gcache-token:PATH`` (deploy/systemd)
+
+
+def _read_token_file(values: dict[str, Any], environment: Mapping[str, str]) -> None:
+    """Put the token of ``token_file`` (or, when neither is set, of systemd's credential
+    ``gcache-token``) into ``values``, so it never has to sit in a command line or the unit's
+    environment. A file and a token from another layer is ambiguous, so refused."""
+    path = values.get("token_file") or ""
+    credentials = environment.get("CREDENTIALS_DIRECTORY", "")
+    if not path and values.get("token") is None and credentials:
+        candidate = os.path.join(credentials, CREDENTIAL)
+        path = candidate if os.path.exists(candidate) else ""
+    if not path:
+        return
+    if values.get("token") is not None:
+        raise ConfigError("token_file", path, "give the token or a token file, not both "
+                          "(GCACHE_TOKEN, --token or a config's token is set too)")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise ConfigError("token_file", path, f"must be a readable file ({exc.strerror})") from None
+    if not token:
+        raise ConfigError("token_file", path, "is empty")
+    values["token"], values["token_file"] = token, path
+
+
+def config_from_args(cls: type[C], section: str, args: argparse.Namespace) -> C:
     """``load_config`` for a daemon's parsed command line: every flag except ``--config`` and
     ``--log-level`` is a field; ``--config`` names the TOML file."""
     flags = {k: v for k, v in vars(args).items() if k not in ("config", "log_level")}
     return load_config(cls, section, path=args.config, flags=flags)
 
 
-def redacted(config: object) -> dict[str, Any]:
+def redacted(config: DataclassInstance) -> dict[str, Any]:
     """The config as a dict with secrets replaced, for the one start-up log line."""
-    out = dataclasses.asdict(config)  # type: ignore[call-overload]
+    out = dataclasses.asdict(config)
     if out.get("token"):
         out["token"] = "***"
     return out

@@ -80,7 +80,9 @@ class Header(NamedTuple):
     status: Status = Status.OK
     flags: int = 0
     key_len: int = 0
-    count: int = 0          # entries in a batch
+    # Shadows tuple.count, which mypy calls an incompatible override: the wire names the field
+    # so, and nothing calls tuple.count on a Header.
+    count: int = 0  # type: ignore[assignment]  # entries in a batch
     payload_len: int = 0    # bytes after the key
     handle: int = 0         # extent or lease handle
     offset: int = 0         # byte offset inside an extent (or the arena, for same-host clients)
@@ -140,9 +142,10 @@ def encode_keys(keys: Sequence[bytes]) -> bytes:
     return b"".join(_KEY_LEN.pack(len(k)) + k for k in keys)
 
 
-def decode_keys(payload: bytes | memoryview, count: int) -> list[bytes]:
+def decode_keys(payload: bytes | bytearray | memoryview, count: int) -> list[bytes]:
     """Inverse of ``encode_keys``; raises ProtocolError if the payload does not hold ``count``."""
-    keys, pos, view = [], 0, memoryview(payload)
+    keys: list[bytes] = []
+    pos, view = 0, memoryview(payload)
     for _ in range(count):
         if pos + 2 > len(view):
             raise ProtocolError(f"key list ends after {len(keys)} of {count} keys")

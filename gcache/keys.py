@@ -13,6 +13,8 @@ import xxhash
 from gcache.errors import InvalidRequest, WrongType
 
 MAX_KEY_BYTES = 1024
+# What the SDK's calls take as a key or a group; ``validate_key`` makes bytes of it.
+KeyLike = str | bytes | bytearray | memoryview
 
 
 def validate_key(key: object) -> bytes:

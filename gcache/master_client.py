@@ -16,13 +16,16 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
 from gcache.errors import ConfigError, MasterError, NotLeader, NotRegistered, Unavailable
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +103,8 @@ class MasterClient:
 
     # ---- one call, over every member ---------------------------------------------------------
 
-    def _call(self, name: str, method: Callable[[pb_grpc.MasterStub], Any],
-              request: Any) -> Any:
+    def _call(self, name: str, method: Callable[[pb_grpc.MasterStub], Callable[..., Reply]],
+              request: Message) -> Reply:
         with self._lock:
             order = [self._preferred] + [a for a in self.addresses if a != self._preferred]
         errors: list[str] = []
@@ -118,7 +121,11 @@ class MasterClient:
             except grpc.RpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    leader = dict(exc.trailing_metadata() or ()).get(LEADER_KEY)
+                    # grpc-stubs type each pair as a class with a bytes value: at runtime it
+                    # is a (key, value) namedtuple, and a text key's value is a str.
+                    trailers: dict[str, str] = dict(
+                        exc.trailing_metadata() or ())  # type: ignore[arg-type]
+                    leader = trailers.get(LEADER_KEY)
                     if leader:
                         order.insert(0, leader)
                     errors.append(f"{address}: {exc.details()}")
@@ -142,7 +149,9 @@ class MasterClient:
         with self._lock:
             if address not in self._stubs:
                 channel = grpc.insecure_channel(address)
-                self._stubs[address] = (channel, pb_grpc.MasterStub(channel))
+                # grpcio-tools generates master_pb2_grpc without annotations
+                stub = pb_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+                self._stubs[address] = (channel, stub)
             return self._stubs[address][1]
 
 

@@ -12,10 +12,15 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gcache.cli import arenas, replay
 from gcache.config import parse_size
 from gcache.errors import GCacheError, InvalidRequest
+
+if TYPE_CHECKING:
+    from gcache.sdk import Client
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -88,7 +93,7 @@ def _put_get_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> Client:
     from gcache.config import ClientConfig, load_config
     from gcache.sdk import Client
 
@@ -178,7 +183,10 @@ def _drain(args: argparse.Namespace) -> int:
 def _topology(args: argparse.Namespace) -> int:
     from gcache.transport.topology import choose_nics, format_choices, read_topology
     topology = read_topology(args.sys_root)
-    split = lambda text: [n for n in (text or "").split(",") if n]  # noqa: E731
+
+    def split(text: str | None) -> list[str]:
+        return [n for n in (text or "").split(",") if n]
+
     nics = ", ".join(n.name for n in topology.nics) or "none"
     if not topology.gpus:
         print(f"no NVIDIA GPU under {args.sys_root}; RDMA NICs: {nics}")
@@ -259,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)    # main thread only
     try:
-        return args.run(args)
+        run: Callable[[argparse.Namespace], int] = args.run
+        return run(args)
     except (GCacheError, ValueError, OSError) as exc:
         print(f"gcache {args.command}: {exc}", file=sys.stderr)
         return 2

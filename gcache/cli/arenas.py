@@ -97,7 +97,7 @@ def remove_stopped(names: list[str], shm_dir: str = SHM_DIR) -> list[str]:
     return removed
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -133,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("arenas", help="list this host's arenas (live, stopped) and remove "
                          "stopped ones on request")
     cmd.add_argument("names", nargs="*", help="only these arenas (default: every one)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -27,6 +28,9 @@ from gcache.kv import KVStore, ModelLayout
 from gcache.kv.policy import DEFAULT_POLICY
 from gcache.kv.replay import PreparedTrace, ReplayRow, prepare, replay_model
 from gcache.kv.trace import conversations, iter_tokens, read_trace
+
+if TYPE_CHECKING:
+    from gcache.sdk import Client
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +69,7 @@ class KVDemoResult:
     cut_requests: int            # requests whose stored prefix passed the window-safe boundary
     partly_shared: PartlySharedPrompt | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -128,7 +132,7 @@ def full_layer_for(trace: PreparedTrace, hit_rate: float) -> ReplayRow:
     return best
 
 
-def run_kv_demo(client, trace: PreparedTrace, *, scale: int, budget: float,
+def run_kv_demo(client: Client, trace: PreparedTrace, *, scale: int, budget: float,
                 n_conversations: int, progress: bool = True) -> KVDemoResult:
     """Serve ``trace``'s requests through ``KVStore`` on ``client``'s cluster (whose arenas
     hold ``budget`` of the working set at 1/``scale``) and measure what the demo prints."""

@@ -28,9 +28,9 @@ class ServerProcess:
     shm_name: str
     log_path: str
     args: list[str]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     address: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +108,7 @@ class LocalCluster:
                         server.address = line[len(READY):].strip()
                         return
             if not server.is_running():
+                assert server.proc is not None     # launched above
                 raise StartFailed(f"gcache-server {server.index} exited with "
                                   f"{server.proc.returncode}; log: {self.tail(server)}")
             time.sleep(0.02)
@@ -122,7 +123,8 @@ class LocalCluster:
         """SIGKILL one server (a crash); its address stays known for a restart."""
         server = self.servers[index]
         if server.is_running():
-            os.kill(server.pid, signal.SIGKILL)
+            assert server.proc is not None         # is_running() says so
+            os.kill(server.proc.pid, signal.SIGKILL)
             server.proc.wait(10)
 
     def restart(self, index: int) -> None:
@@ -136,11 +138,12 @@ class LocalCluster:
         server = self.servers[index]
         if not server.is_running():
             return server.proc.returncode if server.proc else 0
-        os.kill(server.pid, signal.SIGTERM)
+        assert server.proc is not None             # is_running() says so
+        os.kill(server.proc.pid, signal.SIGTERM)
         try:
             return server.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.kill(server.pid, signal.SIGKILL)
+            os.kill(server.proc.pid, signal.SIGKILL)
             return server.proc.wait(10)
 
     def stop(self) -> None:

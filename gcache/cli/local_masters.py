@@ -52,7 +52,7 @@ class MasterProcess:
     raft: str
     data_dir: str
     log_path: str
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -62,9 +62,9 @@ class LocalMasters:
     """``n`` masters (1, 3 or 5) on 127.0.0.1 (or on ``host``, an address of this network
     namespace). A context manager."""
 
-    def __init__(self, n: int = 3, *, args: tuple[str, ...] = (), env: dict | None = None,
-                 log_dir: str | None = None, ready_timeout_s: float = 30.0,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(self, n: int = 3, *, args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, log_dir: str | None = None,
+                 ready_timeout_s: float = 30.0, host: str = "127.0.0.1") -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-masters-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.args, self.env, self.ready_timeout_s = args, env, ready_timeout_s
@@ -113,6 +113,7 @@ class LocalMasters:
                 if any(line.startswith(READY) for line in fh):
                     return
             if not member.is_running():
+                assert member.proc is not None     # launched above
                 raise StartFailed(f"gcache-master {member.index} exited with "
                                   f"{member.proc.returncode}; log: {self.tail(member)}")
             time.sleep(0.02)
@@ -125,6 +126,7 @@ class LocalMasters:
     def kill(self, index: int) -> None:
         member = self.members[index]
         if member.is_running():
+            assert member.proc is not None         # is_running() says so
             os.kill(member.proc.pid, signal.SIGKILL)
             member.proc.wait(10)
 
@@ -146,6 +148,7 @@ class LocalMasters:
         member = self.members[index]
         if not member.is_running():
             return member.proc.returncode if member.proc else 0
+        assert member.proc is not None             # is_running() says so
         os.kill(member.proc.pid, signal.SIGTERM)
         try:
             return member.proc.wait(timeout_s)
@@ -159,6 +162,7 @@ class LocalMasters:
         try:
             for member in self.members:
                 if member.is_running():
+                    assert member.proc is not None     # is_running() says so
                     os.kill(member.proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + 10.0
             for member in self.members:
@@ -170,5 +174,6 @@ class LocalMasters:
         finally:
             for member in self.members:
                 if member.is_running():
+                    assert member.proc is not None     # is_running() says so
                     os.kill(member.proc.pid, signal.SIGKILL)
                     member.proc.wait(10)

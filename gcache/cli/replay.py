@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from gcache.kv import KVStore, ModelLayout
@@ -71,7 +72,7 @@ def arena_for_budget(trace: PreparedTrace, scale: int, budget: float,
 
 
 def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budgets: list[float],
-                   *, servers: int, log=print) -> list[ReplayRow]:
+                   *, servers: int, log: Callable[[str], object] = print) -> list[ReplayRow]:
     """Rows measured on real servers for the requests of ``trace``."""
     from gcache.cli.local_cluster import LocalCluster
     from gcache.sdk import Client
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("replay", help="replay a Mooncake-format trace: hit rate per policy")
     cmd.add_argument("--trace", default=DEFAULT_TRACE, help="JSONL trace (Mooncake format)")
     cmd.add_argument("--model", default="mimo-v2.5-pro",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,8 @@ def run_workload(client: Client, *, total_bytes: int, block_bytes: int, window: 
     blocks = max(1, total_bytes // block_bytes)
     maker = BlockMaker(block_bytes)
     keys = [f"demo/block/{i}" for i in range(blocks)]
-    put_ok, pending = 0, deque()
+    put_ok = 0
+    pending: deque[Future[bool]] = deque()
     bar = tqdm(total=blocks * 2, unit="block", desc="put+get", disable=not progress)
     start = time.perf_counter()
     for i, key in enumerate(keys):

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -36,13 +36,16 @@ from gcache.buffer import as_bytes, memory_at
 from gcache.errors import InvalidRequest
 from gcache.kv.window import leading
 
+if TYPE_CHECKING:
+    from gcache.sdk import Client
+
 log = logging.getLogger(__name__)
 
 ROOT_GENERATION = "0"
 PageGroups = str | None | Sequence[str | None]     # one group for all pages, or one per page
 
 
-def namespace_digest(fields: Mapping[str, Any]) -> str:
+def namespace_digest(fields: Mapping[str, object]) -> str:
     """A short stable digest of ``fields`` (sorted ``name=value`` pairs)."""
     text = "|".join(f"{name}={fields[name]}" for name in sorted(fields))
     return xxhash.xxh3_64_hexdigest(text.encode())
@@ -70,7 +73,7 @@ class EnginePages:
     ``add_pool(name, **format_fields)``.
     """
 
-    def __init__(self, client: Any, label: str, namespace: Mapping[str, Any], *,
+    def __init__(self, client: Client, label: str, namespace: Mapping[str, object], *,
                  generation_refresh_s: float = 1.0) -> None:
         if not label or len(label) > 200:
             raise InvalidRequest(f"label must be 1..200 characters; got {label!r}")
@@ -86,7 +89,7 @@ class EnginePages:
     def generation_key(self) -> str:
         return f"{self.prefix}/generation"
 
-    def add_pool(self, name: str, **format_fields: Any) -> None:
+    def add_pool(self, name: str, **format_fields: object) -> None:
         """Declare pool ``name`` with the fields that fix its bytes' meaning."""
         if not name or "/" in name:
             raise InvalidRequest(f"pool name must be non-empty and without '/'; got {name!r}")

@@ -105,7 +105,9 @@ class ModelLayout:
 
     def fingerprint(self) -> str:
         """Everything that changes the bytes of a page; mixed into every page key."""
-        g = lambda x: f"{x.kv_heads}x({x.k_head_dim}+{x.v_head_dim})x{x.dtype_bytes}"  # noqa: E731
+        def g(x: LayerGeometry) -> str:
+            return f"{x.kv_heads}x({x.k_head_dim}+{x.v_head_dim})x{x.dtype_bytes}"
+
         swa = ",".join(map(str, self.swa_layers))
         return (f"{self.model}|L{self.num_layers}|swa[{swa}]|W{self.window}|P{self.page_size}"
                 f"|full:{g(self.full)}|swa:{g(self.swa)}|tp{self.tp_rank}/{self.tp_size}")
@@ -117,7 +119,10 @@ class ModelLayout:
         for kind, g in (("full", self.full), ("swa", self.swa)):
             _require(factor >= 1 and g.bytes_per_token % factor == 0, "scale", factor,
                      f"must divide the {kind} layers' {g.bytes_per_token} bytes per token")
-        shrink = lambda g: LayerGeometry(1, g.bytes_per_token // factor, 0, 1)  # noqa: E731
+
+        def shrink(g: LayerGeometry) -> LayerGeometry:
+            return LayerGeometry(1, g.bytes_per_token // factor, 0, 1)
+
         return ModelLayout(model=f"{self.model}/scaled{factor}", num_layers=self.num_layers,
                            swa_layers=self.swa_layers, window=self.window,
                            full=shrink(self.full), swa=shrink(self.swa),
@@ -126,8 +131,9 @@ class ModelLayout:
     # ---- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | str | os.PathLike, *, page_size: int = 64,
-                    tp_rank: int = 0, tp_size: int = 1, model: str | None = None) -> ModelLayout:
+    def from_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
+                    page_size: int = 64, tp_rank: int = 0, tp_size: int = 1,
+                    model: str | None = None) -> ModelLayout:
         """Read a layout from a ``config.json`` (a mapping, a path, or a shipped config's name:
         one of ``SHIPPED_CONFIGS``). Raises ``ConfigError`` naming a missing or bad field."""
         name, cfg = _load(config)
@@ -145,7 +151,7 @@ class ModelLayout:
                    page_size=page_size, tp_rank=tp_rank, tp_size=tp_size)
 
 
-def _load(config: Mapping[str, Any] | str | os.PathLike) -> tuple[str, Mapping[str, Any]]:
+def _load(config: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[str, Mapping[str, Any]]:
     if isinstance(config, Mapping):
         return str(config.get("model_type", "model")), config
     path = os.fspath(config)
@@ -186,12 +192,13 @@ def _swa_layers(cfg: Mapping[str, Any], num_layers: int) -> list[int]:
     return []
 
 
-def _layer_list(cfg: Mapping[str, Any], key: str, num_layers: int) -> list:
+def _layer_list(cfg: Mapping[str, Any], key: str, num_layers: int) -> list[Any]:
     values = cfg[key]
     _require(isinstance(values, list) and len(values) == num_layers, key,
              f"{len(values) if isinstance(values, list) else type(values).__name__}",
              f"must list one entry per layer (num_hidden_layers={num_layers})")
-    return values
+    entries: list[Any] = values      # JSON entries; a list, or _require raised
+    return entries
 
 
 def _window(cfg: Mapping[str, Any]) -> int:
@@ -232,6 +239,6 @@ def _int(cfg: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+def _require(ok: bool, key: str, value: object, rule: str) -> None:
     if not ok:
         raise ConfigError(key, value, rule)

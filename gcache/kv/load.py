@@ -16,14 +16,15 @@ from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
-Fetch = Callable[[list, list], list[bool]]      # (keys, outs) -> each out filled whole
+Fetch = Callable[[list[str], list[memoryview]], list[bool]]  # (keys, outs) -> each out filled whole
+LayerPlan = tuple[int, list[str], list[memoryview]]           # (layer, its keys, their outs)
 GROUP_BYTES = 4 << 20
 GROUP_KEYS = 256
 
 
-def _groups(plan: list[tuple[int, list, list]], group_bytes: int,
-            group_keys: int) -> list[list[tuple[int, list, list]]]:
-    groups: list[list[tuple[int, list, list]]] = []
+def _groups(plan: list[LayerPlan], group_bytes: int,
+            group_keys: int) -> list[list[LayerPlan]]:
+    groups: list[list[LayerPlan]] = []
     size = count = 0
     for entry in plan:
         _, keys, outs = entry
@@ -45,7 +46,7 @@ class LoadHandle:
         self._ok: dict[int, bool] = {}
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-    def run(self, plan: list[tuple[int, list, list]], fetch: Fetch, *,
+    def run(self, plan: list[LayerPlan], fetch: Fetch, *,
             group_bytes: int = GROUP_BYTES, group_keys: int = GROUP_KEYS) -> None:
         """Fetch the layers' objects in layer order (runs on a loader thread). Consecutive
         layers share one fetch until it holds ``group_bytes`` or ``group_keys``: a hybrid

@@ -75,7 +75,7 @@ class StoreModel:
         self._gauge.observe(evicted_total=self.units.evicted, used_bytes=self.units.used_bytes,
                             capacity_bytes=self.units.budget_bytes)
         pressure = self._gauge.next_save()
-        if self._has_pages:
+        if present is not None:                  # exactly when self._has_pages
             for i, h in enumerate(hashes):
                 if not present[i] and self.units.add(b"p" + h, self._page_bytes):
                     self.stored_bytes += self._page_bytes

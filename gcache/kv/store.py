@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from gcache.kv.layout import ModelLayout
 from gcache.kv.load import LoadHandle
 from gcache.kv.policy import DEFAULT_POLICY, Pressure, PressureGauge, StorePolicy, policy_from_name
 from gcache.kv.window import leading, safe_boundary, tail_span
+
+if TYPE_CHECKING:
+    from gcache.sdk import Client
 
 TAIL_CANDIDATES_PER_ROUND = 4
 
@@ -81,12 +84,14 @@ class KVStore:
     """Save, match and load one model's KV through a ``gcache.Client`` (or anything with its
     ``batch_put`` / ``batch_exists`` / ``batch_get_into`` / ``fill``)."""
 
-    def __init__(self, client: Any, layout: ModelLayout, *,
+    def __init__(self, client: Client, layout: ModelLayout, *,
                  policy: str | StorePolicy = DEFAULT_POLICY, pressure_poll_s: float = 1.0,
                  max_batch_keys: int = 1024, load_threads: int = 2,
                  group_head_tokens: int = page_keys.GROUP_HEAD_TOKENS) -> None:
         self.client, self.layout = client, layout
         self.policy = policy_from_name(policy)
+        self.paged_layers: tuple[int, ...]
+        self.tail_layers: tuple[int, ...]
         if self.policy.full_layer:
             self.paged_layers, self.tail_layers = tuple(range(layout.num_layers)), ()
         else:
@@ -238,12 +243,13 @@ class KVStore:
                            what="KV")
 
     def _sized(self, buffer: Any, layer: int, start: int, stop: int, *, writable: bool,
-               what: str) -> Any:
+               what: str) -> memoryview:
         """``buffer`` as bytes (a memoryview, or a flat view of a CUDA tensor, which the SDK
         copies to and from the device itself), checked to hold exactly tokens
         ``[start, stop)`` of ``layer``."""
         name = f"{what} of layer {layer} tokens [{start}, {stop})"
-        view = as_bytes(buffer, writable=writable, what=name)
+        # a CUDA tensor's flat view stands in for a memoryview: it slices and measures like one
+        view: memoryview = as_bytes(buffer, writable=writable, what=name)
         expected = (stop - start) * self.layout.layer_bytes_per_token(layer)
         if len(view) != expected:
             raise InvalidRequest(f"{name} is {len(view)} bytes; the layout needs {expected}")

@@ -24,7 +24,7 @@ SAMPLE_BYTES = 64
 MAX_HEADER_BYTES = 100 << 20      # safetensors' own limit on a header
 
 
-def weights_fingerprint(model_dir: str | os.PathLike) -> str | None:
+def weights_fingerprint(model_dir: str | os.PathLike[str]) -> str | None:
     """A hex digest of the weights in ``model_dir``; None when it holds no safetensors file
     (the caller then keys by name alone, and says so). Raises ConfigError for a safetensors
     file whose header cannot be read."""

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--raft", help="HOST:PORT of this member's Raft traffic")
     parser.add_argument("--peers", help="Raft HOST:PORT of every member, self included")
     parser.add_argument("--data-dir", dest="data_dir", help="Raft journal and snapshots")
+    parser.add_argument("--token-file", dest="token_file",
+                        help="file holding the cluster token (a systemd credential, a Secret)")
     parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN: flags show in ps)")
     parser.add_argument("--dead-timeout", dest="dead_timeout_s", help="seconds")
     parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
@@ -75,11 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     if config.metrics_listen:
         from gcache.master.metrics import serve_metrics
         serve_metrics(config.metrics_listen, group, token=config.token)
-    interceptors = (TokenCheck(config.token),) if config.token else ()
+    interceptors: list[grpc.ServerInterceptor] = [TokenCheck(config.token)] if config.token else []
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)
     placement = Placement(config.vnodes, config.group_width)
-    pb_grpc.add_MasterServicer_to_server(MasterService(group, liveness, placement), server)
+    # grpcio-tools generates master_pb2_grpc without annotations
+    pb_grpc.add_MasterServicer_to_server(  # type: ignore[no-untyped-call]
+        MasterService(group, liveness, placement), server)
     if server.add_insecure_port(config.listen) == 0:
         sys.stderr.write(f"gcache-master: cannot listen on {config.listen}\n")
         group.close()

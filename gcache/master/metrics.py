@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gcache.master.raft import RaftGroup
@@ -15,7 +17,7 @@ class MasterCollector(Collector):
     def __init__(self, group: RaftGroup) -> None:
         self._group = group
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         state = self._group.state
         yield GaugeMetricFamily("gcache_master_is_leader", "1 on the Raft leader",
                                 value=int(self._group.is_leader()))

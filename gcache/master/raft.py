@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import SyncObjException
@@ -28,18 +28,31 @@ from gcache.errors import Unavailable
 from gcache.master.state import ClusterState, Command, Result
 
 
-class _Replica(SyncObj):
+class _Replica(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type information
+    if TYPE_CHECKING:
+        # The pysyncobj calls RaftGroup makes, typed as 0.3.x (pinned) behaves.
+        def _isLeader(self) -> bool: ...
+        def _getLeader(self) -> object: ...         # a node, or None during an election
+        def _getTerm(self) -> int: ...
+        def isReady(self) -> bool: ...
+        def destroy(self) -> None: ...
+
     def __init__(self, self_node: str, others: Sequence[str], conf: SyncObjConf,
                  on_applied: Callable[[], None]) -> None:
         self.state = ClusterState()
         self._on_applied = on_applied
         super().__init__(self_node, list(others), conf)
 
-    @replicated
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj ships no type information
     def apply(self, command: Command) -> Result:
         result = self.state.apply(command)
         self._on_applied()
         return result
+
+
+class _Outcome(TypedDict, total=False):     # filled by pysyncobj's callback
+    result: Result | None     # None unless error is FAIL_REASON.SUCCESS
+    error: int                # a FAIL_REASON
 
 
 class RaftGroup:
@@ -73,9 +86,9 @@ class RaftGroup:
     def submit(self, command: Command, *, timeout_s: float = 3.0) -> Result:
         """Replicate ``command`` and return its result once applied here."""
         done = threading.Event()
-        outcome: dict[str, Any] = {}
+        outcome: _Outcome = {}
 
-        def callback(result: Any, error: int) -> None:
+        def callback(result: Result | None, error: int) -> None:
             outcome["result"], outcome["error"] = result, error
             done.set()
 
@@ -88,7 +101,8 @@ class RaftGroup:
                               "(no leader or no quorum)")
         if outcome["error"] != FAIL_REASON.SUCCESS:
             raise Unavailable(f"raft command failed: {_reason(outcome['error'])}")
-        result: Result = outcome["result"]
+        result = outcome["result"]
+        assert result is not None            # pysyncobj passes the result along with SUCCESS
         return result
 
     # ``_isLeader`` / ``_getLeader`` / ``_getTerm`` are pysyncobj internals (0.3.x, pinned)
@@ -112,5 +126,5 @@ class RaftGroup:
 
 
 def _reason(code: int) -> str:
-    names = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int)}
+    names: dict[int, str] = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int)}
     return names.get(code, str(code)).lower()

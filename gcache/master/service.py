@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar, cast
 
 import grpc
 
@@ -29,6 +29,9 @@ from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
 
 STATE_TO_PB = {"alive": pb.ALIVE, "suspect": pb.SUSPECT, "dead": pb.DEAD,
                "draining": pb.DRAINING, "left": pb.LEFT}
@@ -44,7 +47,8 @@ class MasterService(pb_grpc.MasterServicer):
         self.group, self.liveness = group, liveness
         self._placement = placement.to_pb()
 
-    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
+    def Register(self, request: pb.RegisterRequest,
+                 context: grpc.ServicerContext) -> pb.RegisterReply:
         s = request.server
         if not s.id or not s.address or s.capacity_bytes <= 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -57,7 +61,8 @@ class MasterService(pb_grpc.MasterServicer):
         log.info("master.registered server=%s address=%s epoch=%d", s.id, s.address, epoch)
         return pb.RegisterReply(id=s.id, epoch=epoch)
 
-    def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
+    def Heartbeat(self, request: pb.HeartbeatRequest,
+                  context: grpc.ServicerContext) -> pb.HeartbeatReply:
         if not self.group.is_leader():
             self._redirect(context)
         record = self.group.state.servers.get(request.id)
@@ -71,7 +76,8 @@ class MasterService(pb_grpc.MasterServicer):
         self.liveness.beat(request.id)
         return pb.HeartbeatReply(epoch=epoch, state=state)
 
-    def GetClusterMap(self, request: pb.GetClusterMapRequest, context: Any) -> pb.ClusterMap:
+    def GetClusterMap(self, request: pb.GetClusterMapRequest,
+                      context: grpc.ServicerContext) -> pb.ClusterMap:
         if not self.group.is_ready():
             # A restarted member replays its own journal before the leader reaches it: a map
             # from then would be one the cluster left long ago, and a client whose first map
@@ -87,19 +93,19 @@ class MasterService(pb_grpc.MasterServicer):
                              servers=[server_pb(s) for s in list(state.servers.values())],
                              placement=self._placement)
 
-    def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainReply:
+    def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> pb.DrainReply:
         result = self._submit(context, Drain(request.id))
         if isinstance(result, Refused):
             context.abort(grpc.StatusCode.NOT_FOUND, result.reason)
         return pb.DrainReply(epoch=self._applied(context, result))
 
-    def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
+    def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext) -> pb.LeaveReply:
         result = self._submit(context, Leave(request.id))
         if isinstance(result, Refused):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, result.reason)
         return pb.LeaveReply(epoch=self._applied(context, result))
 
-    def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         state, leader = self.group.state, self.group.leader()
         return pb.StatusReply(self_raft=self.group.self_addr, leader_raft=leader or "",
                               leader_grpc=state.masters.get(leader or "", ""),
@@ -107,7 +113,7 @@ class MasterService(pb_grpc.MasterServicer):
                               raft_term=self.group.term(),
                               servers=[server_pb(s) for s in list(state.servers.values())])
 
-    def _submit(self, context: Any, command: Command) -> Applied | Refused:
+    def _submit(self, context: grpc.ServicerContext, command: Command) -> Applied | Refused:
         try:
             return self.group.submit(command)
         except MasterError as exc:
@@ -115,13 +121,13 @@ class MasterService(pb_grpc.MasterServicer):
             raise                            # abort raises; this tells the type checker
 
     @staticmethod
-    def _applied(context: Any, result: Applied | Refused) -> int:
+    def _applied(context: grpc.ServicerContext, result: Applied | Refused) -> int:
         if isinstance(result, Refused):      # Register has no precondition: never refused
             context.abort(grpc.StatusCode.INTERNAL, result.reason)
             raise AssertionError(result.reason)
         return result.epoch
 
-    def _redirect(self, context: Any) -> None:
+    def _redirect(self, context: grpc.ServicerContext) -> None:
         leader = self.group.leader()
         target = self.group.state.masters.get(leader or "", "")
         context.set_trailing_metadata(((LEADER_KEY, target),))
@@ -135,17 +141,24 @@ class TokenCheck(grpc.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token.encode()
 
-    def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails],
+                               grpc.RpcMethodHandler[Request, Response] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = metadata.get(TOKEN_KEY)
         if given is None:
             return _refusal("cluster token missing: send it in the gcache-token metadata")
-        if not hmac.compare_digest(given.encode(), self._token):
+        # a text key's value is a str: only "-bin" keys carry bytes
+        if not hmac.compare_digest(cast(str, given).encode(), self._token):
             return _refusal("cluster token wrong")
         return continuation(handler_call_details)
 
 
-def _refusal(message: str) -> grpc.RpcMethodHandler:
-    def abort(request: Any, context: Any) -> None:
+def _refusal(message: str) -> grpc.RpcMethodHandler[Request, Response]:
+    # Stands in for any method's handler: it reads no request and sends no response.
+    def abort(request: object, context: grpc.ServicerContext) -> None:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
     return grpc.unary_unary_rpc_method_handler(abort)

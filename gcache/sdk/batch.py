@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar, overload
 
 from gcache.buffer import nbytes
 from gcache.errors import ConnectionLost, IOTimeout, TransportError
@@ -22,9 +23,10 @@ from gcache.frame import Status
 from gcache.keys import group_hash
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Groups, Miss
+from gcache.sdk.exchange import Exchange, ReadItem, WriteItem
 from gcache.sdk.leases import Extent, WriteWindowPassed, copied, written
-from gcache.sdk.outcome import put_outcome, read_outcome
-from gcache.sdk.protocol import ReadResult
+from gcache.sdk.outcome import Answer, put_outcome, read_outcome
+from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.routes import Link
 from gcache.transport.pinned import PoolExhausted
 
@@ -38,7 +40,11 @@ class Late:
 
 
 LATE = Late()
-Held = tuple[Link, list[int], list[Any]]
+T = TypeVar("T")
+Item = TypeVar("Item")
+# A server's link held between a batch's phases, its keys' indices and their first-phase items
+# (``MISS`` for each key whose CUDA buffer found no staging).
+Held = tuple[Link, list[int], Sequence[Item | Miss]]
 
 
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups, *,
@@ -60,7 +66,7 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
                chunk: int, flags: int) -> list[bool]:
     results = [False] * len(keys)
 
-    def start(address: str | None, idx: list[int]) -> Held | None:
+    def start(address: str | None, idx: list[int]) -> Held[WriteItem] | None:
         d.stats.request("put", len(idx))
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
@@ -76,32 +82,32 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
             return None
         return link, idx, items
 
-    held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
+    held = [h for h in d.parallel([partial(start, a, idx)
                                    for a, idx in d.plan(keys, group, one_group_each=True)])
             if h is not None]
     notices = {id(link): _Notices(d, link) for link, _, _ in held}
     copies = [(link, i, extent) for link, idx, items in held
               for i, extent in zip(idx, items) if isinstance(extent, Extent)]
     retry = chunk > RETRY_CHUNK_MIN
-    digests = d.parallel([lambda link=link, i=i, e=e: _copy_in(
-        d, link, e, values[i], retry, notices[id(link)].of(e)) for link, i, e in copies])
+    digests = d.parallel([partial(_copy_in, d, link, e, values[i], retry, notices[id(link)].of(e))
+                          for link, i, e in copies])
     late = [i for (_, i, _), digest in zip(copies, digests) if digest is LATE]
     digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
 
-    def commit(link: Link, idx: list[int], items: list[Any]) -> None:
+    def commit(link: Link, idx: list[int], items: Sequence[WriteItem | Miss]) -> None:
         # A value whose copy failed is not committed: the server drops its extent at the TTL.
-        todo = [(i, e) for i, e in zip(idx, items)
-                if isinstance(e, Extent) and isinstance(digest_of[i], int)]
+        todo = [(i, e, digest) for i, e in zip(idx, items)
+                if isinstance(e, Extent) and isinstance(digest := digest_of[i], int)]
         statuses = d.run(link, lambda ch: link.exchange.end_writes(
-            ch, [e.handle for _, e in todo], [digest_of[i] for i, _ in todo]), len(todo))
+            ch, [e.handle for _, e, _ in todo], [digest for _, _, digest in todo]), len(todo))
         # a failed copy is a miss counted already; a key with no extent has its status
         by_key = {i: MISS if isinstance(e, Extent) else e for i, e in zip(idx, items)}
         if not isinstance(statuses, Miss):
-            by_key.update({i: s for (i, _), s in zip(todo, statuses)})
+            by_key.update({i: s for (i, _, _), s in zip(todo, statuses)})
         _finish_puts(d, link, idx, MISS if isinstance(statuses, Miss) else
                      [by_key[i] for i in idx], values, results)
 
-    d.parallel([lambda h=h: commit(*h) for h in held])
+    d.parallel([partial(commit, *h) for h in held])
     if late:
         again = batch_put(d, [keys[i] for i in late], [values[i] for i in late],
                           d.groups_of(group, late), chunk=chunk // 8, flags=flags)
@@ -110,7 +116,8 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
     return results
 
 
-def _started(d: Dispatcher, link: Link, n_keys: int, start: Any) -> list[Any] | Miss:
+def _started(d: Dispatcher, link: Link, n_keys: int,
+             start: Callable[[Channel], Sequence[Item]]) -> Sequence[Item | Miss] | Miss:
     """A batch's first phase on ``link``; staging that ran out is ``staging`` misses."""
     try:
         return d.run(link, start, n_keys)
@@ -175,23 +182,26 @@ def _copy_failed(d: Dispatcher, link: Link, extent: Extent, exc: TransportError)
                 extent.length, reason, exc)
 
 
-def _finish_puts(d: Dispatcher, link: Link, idx: list[int], statuses: list[Any] | Miss,
-                 values: list[Any], results: list[bool]) -> None:
+def _finish_puts(d: Dispatcher, link: Link, idx: list[int],
+                 statuses: Sequence[WriteItem | Miss] | Miss, values: list[Any],
+                 results: list[bool]) -> None:
     if isinstance(statuses, Miss):
         return                                    # the link is closed, the misses counted
     d.release(link)
     for n, i in enumerate(idx):
-        results[i] = put_outcome(d.stats, statuses[n], nbytes(values[i]))
+        status = statuses[n]
+        assert not isinstance(status, Extent)     # extents were committed (or missed) first
+        results[i] = put_outcome(d.stats, status, nbytes(values[i]))
 
 
-def read_one(d: Dispatcher, key: bytes, out: Any,
-             group: bytes | None) -> ReadResult | Status | Miss | None:
+def read_one(d: Dispatcher, key: bytes, out: Any, group: bytes | None) -> Answer:
     """One key's read on its owner, over its link's exchange."""
     return call_staged(d, d.owner(key, group),
                        lambda x, ch: x.read(ch, key, out, verify=d.verifies(x)))
 
 
-def call_staged(d: Dispatcher, address: str | None, exchange: Any) -> Any:
+def call_staged(d: Dispatcher, address: str | None,
+                exchange: Callable[[Exchange, Channel], T]) -> T | Miss:
     """``d.call_exchange`` of a one-key operation that may stage a CUDA buffer: no pinned buffer
     in time is a ``staging`` miss (the link was closed before any IO on it), not a failed
     server."""
@@ -208,18 +218,24 @@ def _no_staging(d: Dispatcher, n_keys: int, exc: Exception) -> list[Miss]:
     return [MISS] * n_keys
 
 
+@overload
+def batch_read(d: Dispatcher, keys: list[bytes], outs: None,
+               group: Groups) -> list[bytes | None]: ...
+@overload
+def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any],
+               group: Groups) -> list[int | None]: ...
 def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
-               group: Groups) -> list[Any]:
+               group: Groups) -> list[bytes | None] | list[int | None]:
     """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses.
 
     A key the server has on disk but no memory to bring up (NO_SPACE) is asked for once more
     on its own once the batch has let go of its leases: often the batch's own leases were
     what pinned the memory."""
-    results: list[Any] = [None] * len(keys)
+    results: list[Any] = [None] * len(keys)      # bytes or lengths: the overloads say which
     want_bytes = outs is None
     again: list[int] = []
 
-    def start(address: str | None, idx: list[int]) -> Held | None:
+    def start(address: str | None, idx: list[int]) -> Held[ReadItem] | None:
         d.stats.request("get", len(idx))
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
@@ -235,7 +251,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
         settle(idx, items)
         return None
 
-    def settle(idx: list[int], items: list[Any]) -> None:
+    def settle(idx: list[int], items: Sequence[ReadItem | Miss]) -> None:
         """Keys answered in the first phase: results, misses, or NO_SPACE to ask again."""
         for i, item in zip(idx, items):
             if item is Status.NO_SPACE:
@@ -243,12 +259,11 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
             elif not isinstance(item, Extent):
                 results[i] = read_outcome(d.stats, item, want_bytes=want_bytes)
 
-    held = [h for h in d.parallel([lambda a=a, idx=idx: start(a, idx)
+    held = [h for h in d.parallel([partial(start, a, idx)
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     try:
         copies = _read_copies(held, outs)
-        found = d.parallel([lambda link=link, e=e, t=t: _copy_out(d, link, e, t)
-                            for link, _, e, t in copies])
+        found = d.parallel([partial(_copy_out, d, link, e, t) for link, _, e, t in copies])
         for (_, i, _, _), result in zip(copies, found):
             if result is not None:
                 results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
@@ -261,14 +276,15 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
                 _release(d, link, handles)
             else:
                 d.submit(_release, d, link, handles)
-    retried = d.parallel([lambda i=i: read_one(d, keys[i], None if outs is None else outs[i],
-                                               d.group_at(group, i)) for i in again])
-    for i, result in zip(again, retried):
-        results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)
+    retried = d.parallel([partial(read_one, d, keys[i], None if outs is None else outs[i],
+                                  d.group_at(group, i)) for i in again])
+    for i, answer in zip(again, retried):
+        results[i] = read_outcome(d.stats, answer, want_bytes=want_bytes)
     return results
 
 
-def _read_copies(held: list[Held], outs: list[Any] | None) -> list[tuple[Link, int, Extent, Any]]:
+def _read_copies(held: list[Held[ReadItem]],
+                 outs: list[Any] | None) -> list[tuple[Link, int, Extent, Any]]:
     """The copy jobs of a batch read's extents; InvalidRequest if an ``out`` is too small."""
     copies = []
     for link, idx, extents in held:

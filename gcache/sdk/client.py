@@ -24,25 +24,29 @@ failures into misses. Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
 from gcache.frame import FLAG_CONTENT_ADDRESSED
-from gcache.keys import group_hash, validate_key
+from gcache.keys import KeyLike, group_hash, validate_key
 from gcache.master_client import MasterClient, parse_masters
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
-from gcache.sdk.dispatch import MISS, Dispatcher, Groups
+from gcache.sdk.dispatch import Dispatcher, Groups, Miss
 from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.transport.cuda import after_callers_work
 
 log = logging.getLogger(__name__)
+# A batch's ``group``: one for every key, or a list or tuple of one per key (None: that key
+# placed by itself).
+BatchGroup = KeyLike | None | Sequence[KeyLike | None]
 
 
 class Client:
@@ -124,11 +128,11 @@ class Client:
         return as_memoryview(out, writable=True, what=what)
 
     @staticmethod
-    def _group(group: Any) -> bytes | None:
+    def _group(group: object) -> bytes | None:
         return None if group is None else validate_key(group)
 
     @classmethod
-    def _groups(cls, group: Any, n_keys: int) -> Groups:
+    def _groups(cls, group: object, n_keys: int) -> Groups:
         """A batch's ``group``: one for all keys, or a list or tuple of one per key (each may
         be None: that key placed by itself)."""
         if not isinstance(group, (list, tuple)):
@@ -140,7 +144,7 @@ class Client:
 
     # ---- single-key operations ----------------------------------------------------------------
 
-    def put(self, key: Any, value: Any, *, group: Any = None,
+    def put(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
             content_addressed: bool = False) -> bool:
         """Store ``value`` under ``key``; False when it could not be stored (counted).
 
@@ -152,7 +156,7 @@ class Client:
         return self._put(validate_key(key), self._value(value), self._group(group),
                          _flags(content_addressed))
 
-    def put_async(self, key: Any, value: Any, *, group: Any = None,
+    def put_async(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
                   content_addressed: bool = False) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
         return self._d.submit(self._put, raw, view, self._group(group),
@@ -167,37 +171,45 @@ class Client:
                                                          flags=flags))
         return put_outcome(self._stats, status, nbytes(value))
 
-    def get(self, key: Any, *, group: Any = None) -> bytes | None:
+    def get(self, key: KeyLike, *, group: KeyLike | None = None) -> bytes | None:
         """The value of ``key`` as bytes, or None on a miss of any cause."""
-        return self._read(validate_key(key), None, self._group(group))
+        return self._get(validate_key(key), self._group(group))
 
-    def get_async(self, key: Any, *, group: Any = None) -> Future[bytes | None]:
-        return self._d.submit(self._read, validate_key(key), None, self._group(group))
+    def get_async(self, key: KeyLike, *, group: KeyLike | None = None) -> Future[bytes | None]:
+        return self._d.submit(self._get, validate_key(key), self._group(group))
 
-    def get_into(self, key: Any, out: Any, *, group: Any = None) -> int | None:
+    def get_into(self, key: KeyLike, out: Any, *, group: KeyLike | None = None) -> int | None:
         """Read ``key`` into ``out``; the number of bytes written, or None on a miss.
 
         Raises ValueError when ``out`` is smaller than the value.
         """
-        return self._read(validate_key(key), self._out(out), self._group(group))
+        return self._get_into(validate_key(key), self._out(out), self._group(group))
 
-    def get_into_async(self, key: Any, out: Any, *, group: Any = None) -> Future[int | None]:
+    def get_into_async(self, key: KeyLike, out: Any, *,
+                       group: KeyLike | None = None) -> Future[int | None]:
         raw, target = validate_key(key), self._out(out)
-        return self._d.submit(self._read, raw, target, self._group(group))
+        return self._d.submit(self._get_into, raw, target, self._group(group))
 
-    def _read(self, key: bytes, out: Any, group: bytes | None) -> Any:
+    # Two methods, not one taking ``out=None``: what a read returns (bytes or a length) then
+    # shows in its type.
+    def _get(self, key: bytes, group: bytes | None) -> bytes | None:
+        self._stats.request("get")
+        return read_outcome(self._stats, batch.read_one(self._d, key, None, group),
+                            want_bytes=True)
+
+    def _get_into(self, key: bytes, out: Any, group: bytes | None) -> int | None:
         self._stats.request("get")
         return read_outcome(self._stats, batch.read_one(self._d, key, out, group),
-                            want_bytes=out is None)
+                            want_bytes=False)
 
-    def exists(self, key: Any, *, group: Any = None) -> bool:
+    def exists(self, key: KeyLike, *, group: KeyLike | None = None) -> bool:
         raw = validate_key(key)
         self._stats.request("exists")
         found = self._d.call(self._d.owner(raw, self._group(group)),
                            lambda ch: protocol.exists(ch, [raw]))
-        return found is not MISS and found[0]
+        return not isinstance(found, Miss) and found[0]
 
-    def delete(self, key: Any, *, group: Any = None) -> bool:
+    def delete(self, key: KeyLike, *, group: KeyLike | None = None) -> bool:
         """Remove ``key``; True if it was present. A failed delete is False (and counted)."""
         raw, grp = validate_key(key), self._group(group)
         self._stats.request("delete")
@@ -205,8 +217,8 @@ class Client:
 
     # ---- batches: one request per server, servers in parallel ----------------------------------
 
-    def batch_put(self, keys: Sequence[Any], values: Sequence[Any], *,
-                  group: Any = None, content_addressed: bool = False) -> list[bool]:
+    def batch_put(self, keys: Sequence[KeyLike], values: Sequence[Any], *,
+                  group: BatchGroup = None, content_addressed: bool = False) -> list[bool]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(values):
             raise InvalidRequest(f"batch_put got {len(raw)} keys and {len(values)} values")
@@ -214,19 +226,19 @@ class Client:
         return batch.batch_put(self._d, raw, views, self._groups(group, len(raw)),
                                flags=_flags(content_addressed))
 
-    def batch_get(self, keys: Sequence[Any], *, group: Any = None) -> list[bytes | None]:
+    def batch_get(self, keys: Sequence[KeyLike], *, group: BatchGroup = None) -> list[bytes | None]:
         raw = [validate_key(k) for k in keys]
         return batch.batch_read(self._d, raw, None, self._groups(group, len(raw)))
 
-    def batch_get_into(self, keys: Sequence[Any], outs: Sequence[Any], *,
-                       group: Any = None) -> list[int | None]:
+    def batch_get_into(self, keys: Sequence[KeyLike], outs: Sequence[Any], *,
+                       group: BatchGroup = None) -> list[int | None]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(outs):
             raise InvalidRequest(f"batch_get_into got {len(raw)} keys and {len(outs)} outs")
         targets = [self._out(o, f"outs[{i}]") for i, o in enumerate(outs)]
         return batch.batch_read(self._d, raw, targets, self._groups(group, len(raw)))
 
-    def batch_exists(self, keys: Sequence[Any], *, group: Any = None) -> list[bool]:
+    def batch_exists(self, keys: Sequence[KeyLike], *, group: BatchGroup = None) -> list[bool]:
         raw = [validate_key(k) for k in keys]
         grp = self._groups(group, len(raw))
         results = [False] * len(raw)
@@ -235,11 +247,11 @@ class Client:
             self._stats.request("exists", len(idx))
             found = self._d.call(address, lambda ch: protocol.exists(ch, [raw[i] for i in idx]),
                                len(idx))
-            if found is not MISS:
+            if not isinstance(found, Miss):
                 for n, i in enumerate(idx):
                     results[i] = found[n]
 
-        self._d.parallel([lambda a=a, idx=idx: work(a, idx) for a, idx in self._d.plan(raw, grp)])
+        self._d.parallel([partial(work, a, idx) for a, idx in self._d.plan(raw, grp)])
         return results
 
     # ---- NIXL ---------------------------------------------------------------------------------
@@ -261,12 +273,12 @@ class Client:
 
     # ---- introspection --------------------------------------------------------------------------
 
-    def stats(self, *, tiers: bool = False) -> dict:
+    def stats(self, *, tiers: bool = False) -> dict[str, Any]:
         """Counters of this client (hits, misses by reason, bytes), suspect servers, the
         transport each server is reached over (``transports``; ``shm_servers`` too) and the
         memory regions registered for NIXL. With ``tiers``, also ``tiers``: the servers'
         per-tier counters (hot, cold) summed over the servers that answered (a STAT each)."""
-        out = self._stats.snapshot()
+        out: dict[str, Any] = self._stats.snapshot()
         if tiers:
             out["tiers"] = sum_tiers(self.server_stats().values())
         out["servers"] = self._d.addresses()
@@ -282,17 +294,18 @@ class Client:
         do not answer are left out and not counted in ``servers``)."""
         return fill_of(self.server_stats().values())
 
-    def server_stats(self) -> dict[str, dict | None]:
+    def server_stats(self) -> dict[str, dict[str, Any] | None]:
         """Each server's STAT (None for a server that did not answer)."""
         futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self._d.addresses()}
-        return {a: (None if f.result() is MISS else f.result()) for a, f in futures.items()}
+        return {a: (None if isinstance(stat := f.result(), Miss) else stat)
+                for a, f in futures.items()}
 
 
 def _flags(content_addressed: bool) -> int:
     return FLAG_CONTENT_ADDRESSED if content_addressed else 0
 
 
-def sum_tiers(stats: Any) -> dict[str, dict[str, int]]:
+def sum_tiers(stats: Iterable[dict[str, Any] | None]) -> dict[str, dict[str, int]]:
     """Per-tier counters summed over STAT answers (None for a server that did not answer); a
     server without a cold tier contributes its hot tier only."""
     total: dict[str, dict[str, int]] = {}

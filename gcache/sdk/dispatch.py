@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 from gcache.config import ClientConfig
 from gcache.errors import (
@@ -30,8 +30,12 @@ from gcache.sdk.protocol import Channel
 from gcache.sdk.rail import bind_to, rail_of
 from gcache.sdk.routes import Link, Routes
 
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 # A batch's placement: one group for every key (None: each key by itself), or one per key.
 Groups = bytes | None | list[bytes | None]
 BATCH_MAX = 4096             # keys per request frame (the wire allows 65535)
@@ -59,7 +63,7 @@ class Dispatcher:
         if config.servers:
             self.place_on(0, PlacedMap({a: (a, 1.0) for a in config.servers}, None,
                                        self.own_placement))
-        self._cuda_staging: Any = None
+        self._cuda_staging: CudaStaging | None = None
         self._staging_lock = threading.Lock()
         devices, cpus = rail_of(config)
         self.routes = Routes(transport=config.transport, timeout_s=config.timeout_s,
@@ -73,7 +77,7 @@ class Dispatcher:
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="gcache-io",
                                       initializer=bind_to, initargs=(cpus,))
 
-    def cuda_staging(self) -> Any:
+    def cuda_staging(self) -> CudaStaging:
         """This client's pinned staging for CUDA tensors on TCP links (made on first use)."""
         with self._staging_lock:
             if self._cuda_staging is None:
@@ -147,7 +151,7 @@ class Dispatcher:
 
     # ---- IO threads -----------------------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> Future[T]:
         return self._io.submit(fn, *args)
 
     def parallel(self, jobs: Sequence[Callable[[], T]]) -> list[T]:

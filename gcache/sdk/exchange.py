@@ -43,8 +43,9 @@ class Exchange(Protocol):
         """One value (``flags``: the put's, ``FLAG_CONTENT_ADDRESSED``); OK, NO_SPACE or
         CHECKSUM_MISMATCH."""
 
+    # A Sequence (covariant), not a list: a leasing exchange returns only its narrower items.
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
-                    verify: bool) -> list[ReadItem]:
+                    verify: bool) -> Sequence[ReadItem]:
         """A batch read's first phase: per key a result, or an Extent for ``copy_out``."""
 
     def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +21,7 @@ class Fill:
         return self.used_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
 
 
-def fill_of(stats: Iterable[dict | None]) -> Fill:
+def fill_of(stats: Iterable[dict[str, Any] | None]) -> Fill:
     """The ``Fill`` of STAT answers (None for a server that did not answer). With a cold tier a
     value leaves the cache only when the disk evicts it, so the disk's figures count there."""
     used = capacity = evicted = servers = 0

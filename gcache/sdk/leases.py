@@ -21,14 +21,23 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gcache.buffer import is_cuda_tensor, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, ProtocolError
-from gcache.frame import FLAG_IN_PLACE, FLAG_NO_REPLY, HANDLE, LEASE_ENTRY, Op, Status, encode_keys
+from gcache.frame import (
+    FLAG_IN_PLACE,
+    FLAG_NO_REPLY,
+    HANDLE,
+    LEASE_ENTRY,
+    Header,
+    Op,
+    Status,
+    encode_keys,
+)
 from gcache.keys import checksum
 from gcache.outcomes import raise_for_status, raise_unless_answer
-from gcache.sdk.protocol import Channel, ReadResult, check_fits
+from gcache.sdk.protocol import Channel, ReadResult, RequestFields, check_fits
 from gcache.transport.stream import StreamConnection
 
 PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
@@ -72,7 +81,13 @@ def copy_held(conn: StreamConnection, extent: Extent, out: Any) -> bool:
     return checksum(memoryview(out).cast("B")[:extent.length]) == extent.checksum
 
 
-def copied(exchange: Any, conn: StreamConnection, extent: Extent, out: Any, *,
+class CopiesOut(Protocol):
+    """The part of an ``Exchange`` that ``copied`` drives (that module imports this one)."""
+
+    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool: ...
+
+
+def copied(exchange: CopiesOut, conn: StreamConnection, extent: Extent, out: Any, *,
            verify: bool) -> bool:
     """``exchange.copy_out`` of a leased value; unhashed, it holds only if ``copy_held``."""
     ok = exchange.copy_out(extent, out, verify=verify)
@@ -147,8 +162,8 @@ def alloc_many(ch: Channel, keys: Sequence[bytes], sizes: Sequence[int], *, grou
     """Pipelined ALLOCs; NO_SPACE where the server had no room."""
     extents: list[Extent | Status] = []
     until_s = time.monotonic() + window_s
-    requests = [{"key": k, "length": size, "group": group, "flags": flags}
-                for k, size in zip(keys, sizes)]
+    requests: list[_Request] = [{"key": k, "length": size, "group": group, "flags": flags}
+                                for k, size in zip(keys, sizes)]
     for n, reply in enumerate(_pipelined(ch, requests, Op.ALLOC)):
         raise_unless_answer(reply, "ALLOC")
         extents.append(_allocated(reply.handle, reply.offset, reply.length, sizes[n], until_s)
@@ -175,19 +190,25 @@ def commit(ch: Channel, handle: int, digest: int) -> Status:
 def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
     """Pipelined COMMITs, in order."""
     statuses = []
-    for reply in _pipelined(ch, [{"handle": h, "checksum": d} for h, d in zip(handles, digests)],
-                            Op.COMMIT):
+    requests: list[_Request] = [{"handle": h, "checksum": d} for h, d in zip(handles, digests)]
+    for reply in _pipelined(ch, requests, Op.COMMIT):
         raise_unless_answer(reply, "COMMIT")
         statuses.append(reply.status)
     return statuses
 
 
-def _pipelined(ch: Channel, requests: list[dict], op: Op) -> Iterator:
+class _Request(RequestFields, total=False):
+    """One pipelined request's keyword arguments to ``Channel.request``."""
+
+    key: bytes
+
+
+def _pipelined(ch: Channel, requests: list[_Request], op: Op) -> Iterator[Header]:
     """Send ``requests`` at most ``PIPELINE_WINDOW`` ahead of the replies read, yielding the
     replies in order. Unbounded pipelining deadlocks: a socket's buffer is charged per
     message, so a few hundred small frames fill it while the server, blocked sending replies
     nobody reads yet, stops reading."""
-    pending: deque = deque()
+    pending: deque[Header] = deque()
     for fields in requests:
         pending.append(ch.request(op, **fields))
         if len(pending) >= PIPELINE_WINDOW:

@@ -56,10 +56,11 @@ class ClientStats:
         with self._lock:
             self._misses[reason] += n
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, int | dict[str, int]]:
         with self._lock:
-            out: dict = {name: self._tally[name] for name in ("hits", "bytes_read", "puts_ok",
-                                                              "bytes_written")}
+            out: dict[str, int | dict[str, int]] = {
+                name: self._tally[name] for name in ("hits", "bytes_read", "puts_ok",
+                                                     "bytes_written")}
             out.update({k: v for k, v in self._tally.items() if k.endswith("_requests")})
             out["misses"] = sum(self._misses.values())
             out["misses_by_reason"] = {r: self._misses[r] for r in MISS_REASONS if self._misses[r]}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,9 +26,14 @@ from gcache.keys import checksum_stream
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
 from gcache.sdk.protocol import ReadResult
 from gcache.sdk.tcp_staging import TcpStaged
-from gcache.transport.nixl import BounceSlots, NixlAgent, Region
+from gcache.transport.nixl import BounceSlots, NixlAgent, Region, Transfer
+
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
 
 PIPELINE = 4             # io_size requests of one value in flight at once
+# numpy's stubs make an ndarray a buffer (``__buffer__``) on Python 3.12+ only and mypy checks
+# for 3.11, so each ndarray handed to a hasher below carries ``type: ignore[arg-type]``.
 
 
 class NixlExchange(LeasedExchange):
@@ -36,7 +41,7 @@ class NixlExchange(LeasedExchange):
 
     def __init__(self, agent: NixlAgent, bounce: BounceSlots, *, remote: str, metadata: bytes,
                  arena_address: int, arena_bytes: int, lease_window_s: float, io_size: int,
-                 timeout_s: float, staging: Callable[[], Any]) -> None:
+                 timeout_s: float, staging: Callable[[], CudaStaging]) -> None:
         self.agent, self.bounce = agent, bounce
         self.remote, self.metadata = remote, metadata
         self.arena_address, self.arena_bytes = arena_address, arena_bytes
@@ -80,13 +85,13 @@ class NixlExchange(LeasedExchange):
 
     # ---- host buffers -----------------------------------------------------------------------
 
-    def _read_host(self, remote: int, extent: Extent, out: Any, verify: bool) -> bool:
+    def _read_host(self, remote: int, extent: Extent, out: memoryview, verify: bool) -> bool:
         target = np.frombuffer(out, dtype=np.uint8, count=extent.length)
         hasher = checksum_stream() if verify else None
         if self.agent.covering(target.ctypes.data, extent.length) is not None:
             def hashed(start: int, size: int) -> None:     # while later pieces travel
                 if hasher is not None:
-                    hasher.update(target[start:start + size])
+                    hasher.update(target[start:start + size])  # type: ignore[arg-type]
 
             self._pipelined("READ", target.ctypes.data, remote, extent.length, after=hashed)
             return hasher is None or hasher.intdigest() == extent.checksum
@@ -96,19 +101,19 @@ class NixlExchange(LeasedExchange):
                 self._move("READ", self.bounce.region(slot), remote + start, size)
                 piece = self.bounce.array(slot)[:size]
                 if hasher is not None:
-                    hasher.update(piece)
+                    hasher.update(piece)  # type: ignore[arg-type]
                 target[start:start + size] = piece
             finally:
                 self.bounce.give(slot)
         return hasher is None or hasher.intdigest() == extent.checksum
 
-    def _write_host(self, remote: int, extent: Extent, value: Any,
+    def _write_host(self, remote: int, extent: Extent, value: memoryview,
                     landed: Callable[[int, int], None] | None = None) -> int:
         source = np.frombuffer(value, dtype=np.uint8, count=extent.length)
         hasher = checksum_stream()
         if self.agent.covering(source.ctypes.data, extent.length) is not None:
             def hash_then_check(start: int, size: int) -> None:   # before each piece leaves
-                hasher.update(source[start:start + size])
+                hasher.update(source[start:start + size])  # type: ignore[arg-type]
                 check_window(extent)
 
             self._pipelined("WRITE", source.ctypes.data, remote, extent.length,
@@ -119,7 +124,7 @@ class NixlExchange(LeasedExchange):
             try:
                 piece = self.bounce.array(slot)[:size]
                 piece[:] = source[start:start + size]
-                hasher.update(piece)
+                hasher.update(piece)  # type: ignore[arg-type]
                 check_window(extent)
                 self._move("WRITE", self.bounce.region(slot), remote + start, size)
                 if landed is not None:
@@ -134,7 +139,7 @@ class NixlExchange(LeasedExchange):
         """One registered value moved as ``io_size`` requests, up to ``PIPELINE`` of them in
         flight: ``before`` runs for a piece just before it is posted, ``after`` (in order)
         once it has landed, so hashing overlaps the transfers of the pieces around it."""
-        pending: deque = deque()
+        pending: deque[tuple[Transfer, int, int]] = deque()   # (transfer, start, size)
 
         def finish_oldest() -> None:
             transfer, start, size = pending.popleft()

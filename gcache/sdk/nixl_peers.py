@@ -9,29 +9,34 @@ import binascii
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.errors import ConnectFailed, InvalidRequest, ProtocolError
 from gcache.sdk.nixl_exchange import NixlExchange
+
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
+    from gcache.transport.nixl import BounceSlots, NixlAgent, Region
 
 BOUNCE_SLOT_MAX = 4 << 20
 
 
 class NixlPeers:
     def __init__(self, *, io_size: int, timeout_s: float, in_flight: int,
-                 devices: Sequence[str], staging: Callable[[], Any], workers: int = 1) -> None:
+                 devices: Sequence[str], staging: Callable[[], CudaStaging],
+                 workers: int = 1) -> None:
         self._io_size, self._timeout_s = io_size, timeout_s
         self._in_flight, self._devices, self._workers = in_flight, tuple(devices), workers
         self._staging = staging
         self._lock = threading.Lock()
-        self._agent: Any = None
-        self._bounce: Any = None
+        self._agent: NixlAgent | None = None
+        self._bounce: BounceSlots | None = None
         self._exchanges: dict[str, NixlExchange] = {}
         self._adder = ThreadPoolExecutor(1, thread_name_prefix="gcache-nixl-add")
-        self._adding: dict[bytes, Future] = {}            # metadata -> its add, done or not
+        self._adding: dict[bytes, Future[str]] = {}       # metadata -> its add, done or not
 
-    def _started(self) -> tuple[Any, Any]:
+    def _started(self) -> tuple[NixlAgent, BounceSlots]:
         with self._lock:
             if self._agent is None:
                 from gcache.transport.nixl import BounceSlots, NixlAgent
@@ -40,9 +45,11 @@ class NixlPeers:
                 self._bounce = BounceSlots(agent, slot_bytes=min(self._io_size, BOUNCE_SLOT_MAX),
                                            slots=self._in_flight)
                 self._agent = agent
+            assert self._bounce is not None              # made with the agent, just above
             return self._agent, self._bounce
 
-    def exchange(self, address: str, facts: dict, *, lease_window_s: float) -> NixlExchange:
+    def exchange(self, address: str, facts: dict[str, Any], *,
+                 lease_window_s: float) -> NixlExchange:
         """The exchange for the server whose HELLO ``facts`` these are. Raises ProtocolError
         for a malformed ``nixl`` fact, ConnectFailed when its agent cannot be added."""
         metadata, arena_address = _nixl_fact(address, facts)
@@ -62,7 +69,7 @@ class NixlPeers:
             self._exchanges[address] = exchange
         return exchange
 
-    def _add(self, address: str, agent: Any, metadata: bytes) -> str:
+    def _add(self, address: str, agent: NixlAgent, metadata: bytes) -> str:
         """The server's agent added to ours, within one IO timeout: adding it connects to it
         (UCX endpoints), and a server whose data port answers while its NIXL address does not
         would hold the caller for the kernel's connect timeout (minutes). The add goes on in
@@ -118,7 +125,7 @@ class NixlPeers:
             agent.close()
 
 
-def _region_of(buffer: Any) -> Any:
+def _region_of(buffer: Any) -> Region:
     from gcache.transport.nixl import Region
     if is_cuda_tensor(buffer):
         from gcache.transport.cuda import cuda_address
@@ -131,7 +138,7 @@ def _region_of(buffer: Any) -> Any:
     return Region(np.frombuffer(view, dtype=np.uint8).ctypes.data, len(view))
 
 
-def _nixl_fact(address: str, facts: dict) -> tuple[bytes, int]:
+def _nixl_fact(address: str, facts: dict[str, Any]) -> tuple[bytes, int]:
     fact = facts.get("nixl")
     if not isinstance(fact, dict) or not isinstance(fact.get("metadata"), str) \
             or not isinstance(fact.get("arena_address"), int) \

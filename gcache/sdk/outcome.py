@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Literal, overload
 
 from gcache.frame import Status
 from gcache.outcomes import status_miss
-from gcache.sdk.dispatch import MISS, Miss
+from gcache.sdk.dispatch import Miss
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.protocol import ReadResult
 
 log = logging.getLogger(__name__)
+Answer = ReadResult | Status | Miss | None       # what a read's exchange ended in
 
 
 def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool:
     """True when stored; a NO_SPACE or CHECKSUM_MISMATCH answer counts as a miss."""
-    if status is MISS:
+    if isinstance(status, Miss):
         return False                              # counted where it failed
     if status == Status.OK:
         stats.stored(n_bytes)
@@ -25,11 +26,20 @@ def put_outcome(stats: ClientStats, status: Status | Miss, n_bytes: int) -> bool
     return False
 
 
-def read_outcome(stats: ClientStats, result: ReadResult | Status | Miss | None, *,
-                 want_bytes: bool) -> Any:
+@overload
+def read_outcome(stats: ClientStats, result: Answer, *,
+                 want_bytes: Literal[True]) -> bytes | None: ...
+@overload
+def read_outcome(stats: ClientStats, result: Answer, *,
+                 want_bytes: Literal[False]) -> int | None: ...
+@overload
+def read_outcome(stats: ClientStats, result: Answer, *,
+                 want_bytes: bool) -> bytes | int | None: ...
+def read_outcome(stats: ClientStats, result: Answer, *,
+                 want_bytes: bool) -> bytes | int | None:
     """The value (bytes) or its length, or None for absent, failed and corrupt reads, and for
     a value the server could not bring up from its disk for want of memory (NO_SPACE)."""
-    if result is MISS:
+    if isinstance(result, Miss):
         return None
     if result is None or isinstance(result, Status):
         stats.miss(status_miss(Status.NOT_FOUND if result is None else result))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from gcache.errors import InvalidRequest, ProtocolError
 from gcache.frame import (
@@ -40,6 +40,22 @@ from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42        # a batch reply's whole payload; each part is checked too
 MAX_STAT_BYTES = 16 << 20           # a STAT reply's JSON
+
+
+class RequestFields(TypedDict, total=False):
+    """The ``Header`` fields a request sets besides its op, id, key and payload."""
+
+    flags: int
+    count: int
+    handle: int
+    offset: int
+    length: int
+    checksum: int
+    group: int
+
+
+class HeaderFields(RequestFields, total=False):
+    payload_len: int      # set by the caller only where it streams the payload itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +85,13 @@ class Channel:
         self.max_value_size = max_value_size
         self._next_id = 0
 
-    def header(self, op: Op, *, key: bytes = b"", **fields: int) -> Header:
+    def header(self, op: Op, *, key: bytes = b"", **fields: Unpack[HeaderFields]) -> Header:
         """A request header with the next request id (for callers that stream the payload)."""
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         return Header(op, self._next_id, key_len=len(key), **fields)
 
     def request(self, op: Op, *, key: bytes = b"", payload: Sequence[bytes | memoryview] = (),
-                **fields: int) -> Header:
+                **fields: Unpack[RequestFields]) -> Header:
         header = self.header(op, key=key, payload_len=sum(len(p) for p in payload), **fields)
         self.conn.send((header.pack(), key, *payload), timeout_s=self.timeout_s)
         return header
@@ -152,7 +168,8 @@ def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
     return _recv_value(ch, out, reply.payload_len, reply.checksum, verify=verify)
 
 
-def _recv_value(ch: Channel, out: Any, length: int, stored: int, *, verify: bool) -> ReadResult:
+def _recv_value(ch: Channel, out: memoryview | None, length: int, stored: int, *,
+                verify: bool) -> ReadResult:
     """Receive a value that follows on the wire into ``out`` (or a new buffer), hashing it."""
     target = memoryview(bytearray(length)) if out is None else out
     hasher = checksum_stream() if verify else None
@@ -175,7 +192,7 @@ def delete(ch: Channel, key: bytes) -> bool:
     return reply.status == Status.OK
 
 
-def stat(ch: Channel) -> dict:
+def stat(ch: Channel) -> dict[str, Any]:
     reply = ch.reply(ch.request(Op.STAT))
     raise_for_status(reply, "STAT")
     try:
@@ -203,7 +220,7 @@ def batch_put(ch: Channel, keys: Sequence[bytes], values: Sequence[memoryview],
         raise ProtocolError(f"BATCH_PUT answered an unknown status: {exc}") from None
 
 
-def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+def batch_read_values(ch: Channel, keys: Sequence[bytes], outs: Sequence[memoryview] | None, *,
                       verify: bool) -> list[ReadResult | Status | None]:
     """One BATCH_GET; each present value lands in its ``out`` (or a new buffer); None for an
     absent key, NO_SPACE for one the server could not bring up from disk now. Raises

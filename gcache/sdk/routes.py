@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gcache.errors import ConnectFailed, ProtocolError
 from gcache.sdk.exchange import Exchange
@@ -29,6 +29,9 @@ from gcache.transport.handshake import handshake, parse_facts
 from gcache.transport.shm import ArenaMapping, connect_unix, host_id
 from gcache.transport.stream import StreamConnection, close_fd
 from gcache.transport.tcp import connect
+
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,9 @@ class Link:
 
 class Routes:
     def __init__(self, *, transport: str, timeout_s: float, io_size: int,
-                 token: str | None, staging: Callable[[], Any], transfers_in_flight: int = 8,
-                 nixl_devices: tuple[str, ...] = (), nixl_workers: int = 1) -> None:
+                 token: str | None, staging: Callable[[], CudaStaging],
+                 transfers_in_flight: int = 8, nixl_devices: tuple[str, ...] = (),
+                 nixl_workers: int = 1) -> None:
         self._transport = transport
         self._token = token
         self._timeout_s = timeout_s
@@ -84,7 +88,7 @@ class Routes:
             except BaseException:
                 conn.close()
                 raise
-        found: list[dict] = []
+        found: list[dict[str, Any]] = []
         conn = self._tcp(address, facts=found)
         return self._link(address, kind, conn, found[0])
 
@@ -135,7 +139,8 @@ class Routes:
             self._nixl_here = nixl.available() and nixl.has_rdma_nic()
         return self._nixl_here
 
-    def _tcp(self, address: str, *, facts: list[dict] | None = None) -> StreamConnection:
+    def _tcp(self, address: str, *,
+             facts: list[dict[str, Any]] | None = None) -> StreamConnection:
         """A TCP connection past the handshake; its HELLO facts go into ``facts`` if given."""
         conn = connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
         try:
@@ -147,7 +152,8 @@ class Routes:
             raise
         return conn
 
-    def _link(self, address: str, kind: str, conn: StreamConnection, facts: dict) -> Link:
+    def _link(self, address: str, kind: str, conn: StreamConnection,
+              facts: dict[str, Any]) -> Link:
         """A link over a handshaken TCP connection: TCP's exchange, or this server's NIXL one."""
         if kind == "tcp":
             return Link(conn, self._tcp_exchange, address)
@@ -161,7 +167,7 @@ class Routes:
 
     def _discover(self, address: str) -> Link:
         """First contact: learn where the server is and choose the route to it."""
-        found: list[dict] = []
+        found: list[dict[str, Any]] = []
         conn = self._tcp(address, facts=found)
         facts = found[0]
         try:
@@ -180,7 +186,7 @@ class Routes:
         conn.close()
         return self.connect(address)
 
-    def _choose(self, address: str, facts: dict) -> str:
+    def _choose(self, address: str, facts: dict[str, Any]) -> str:
         local = facts.get("host_id") == self._host_id and bool(facts.get("unix_socket"))
         offers_nixl = bool(facts.get("nixl"))
         if self._transport == "shm":

@@ -5,7 +5,7 @@ through the client's pinned staging (``TcpStaged``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gcache.errors import ProtocolError
 from gcache.frame import Status
@@ -16,12 +16,15 @@ from gcache.sdk.leases import Extent
 from gcache.sdk.protocol import Channel, ReadResult
 from gcache.sdk.tcp_staging import TcpStaged
 
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
+
 
 class TcpExchange:
     name = "tcp"
     reads_arena = False
 
-    def __init__(self, *, io_size: int, staging: Callable[[], Any]) -> None:
+    def __init__(self, *, io_size: int, staging: Callable[[], CudaStaging]) -> None:
         self._io_size = io_size
         self._staging = staging
 
@@ -60,7 +63,8 @@ class TcpExchange:
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         """Nothing is leased over TCP: values came with the reply."""
 
-    def copy_in(self, extent: Extent, value: Any, landed: Any = None) -> int:
+    def copy_in(self, extent: Extent, value: Any,
+                landed: Callable[[int, int], None] | None = None) -> int:
         raise ProtocolError("a TCP exchange has no extents to copy into")
 
     def end_writes(self, ch: Channel, handles: Sequence[int],

@@ -6,14 +6,19 @@ tensor and the server's arena directly."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gcache.buffer import as_memoryview, is_cuda_tensor
 from gcache.sdk.protocol import ReadResult
 
+if TYPE_CHECKING:
+    from gcache.transport.cuda_staging import CudaStaging
+
+R = TypeVar("R")
+
 
 class TcpStaged:
-    def __init__(self, staging: Callable[[], Any]) -> None:
+    def __init__(self, staging: Callable[[], CudaStaging]) -> None:
         self._staging = staging                   # made on first use: torch only then
         self._hosts: list[Any] = []
         self._targets: dict[int, tuple[Any, Any]] = {}   # id(host view) -> (host, CUDA out)
@@ -44,7 +49,7 @@ class TcpStaged:
         self._targets[id(view)] = (host, out)
         return view
 
-    def land(self, target: Any, result: Any) -> Any:
+    def land(self, target: Any, result: R) -> R:
         """After a read into ``target``: a CUDA out gets its bytes (checksum good only)."""
         staged = self._targets.get(id(target))
         if staged is not None and isinstance(result, ReadResult) and result.checksum_ok:

@@ -298,6 +298,7 @@ class Arena:
     def _choose_window(self, span: int) -> int | None:
         """Start of the window whose newest occupied member is oldest; free segments age -1."""
         best, best_age = None, None
+        age: int | None                   # None: a pinned (or unclean) span rules the window out
         for start in range(len(self.segments) - span + 1):
             age = -1
             for index in range(start, start + span):

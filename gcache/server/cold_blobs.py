@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from typing import cast
 
 from gcache.server.cold_index import ColdEntry, open_index
 
@@ -73,7 +74,8 @@ class BlobColdStore:
 
     def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
         """As ``SegmentColdStore.read_into``; rocksdict fetches the whole value every time."""
-        value = self._db.get(b"v" + entry.location)
+        key = cast(bytes, entry.location)       # what ``lookup`` put there: the key
+        value = self._db.get(b"v" + key)
         if value is None or offset + len(out) > len(value):
             return False
         out[:] = memoryview(value)[offset:offset + len(out)]

@@ -7,26 +7,31 @@ a failed write is an ``OSError``, which the cold tier handles like a full disk.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gcache.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rocksdict import Rdict
 
 
 @dataclass(frozen=True, slots=True)
 class ColdEntry:
     length: int            # value bytes
     checksum: int          # xxh3_64 of the value
-    location: Any          # where the store keeps it (opaque to callers)
+    location: object       # where the store keeps it (opaque to callers)
     group: int = 0         # xxh3_64 of the placement group it was put with; 0 for none
 
 
 class RocksIndex:
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: Rdict) -> None:
         self._db = db
 
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        value: bytes | None = self._db.get(key)     # raw mode: bytes, which the stub cannot say
+        return value
 
     def put(self, key: bytes, value: bytes) -> None:
         try:
@@ -43,7 +48,7 @@ class RocksIndex:
     def count(self) -> int:
         return sum(1 for _ in self._db.keys())
 
-    def items(self, prefix: bytes = b""):
+    def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()
         it.seek(prefix)
         while it.valid() and it.key().startswith(prefix):

@@ -26,6 +26,7 @@ import logging
 import os
 import struct
 import threading
+from typing import cast
 
 from gcache.errors import ConfigError
 from gcache.keys import MAX_KEY_BYTES
@@ -107,7 +108,7 @@ class SegmentColdStore:
     def read_into(self, entry: ColdEntry, out: memoryview, *, offset: int = 0) -> bool:
         """Read ``len(out)`` bytes of ``entry``'s value from ``offset`` into ``out``; False
         when its file is gone or short. The caller verifies the checksum."""
-        number, start = entry.location
+        number, start = cast("tuple[int, int]", entry.location)   # what ``lookup`` put there
         with self._lock:
             if number not in self._sizes:
                 return False

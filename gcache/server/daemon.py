@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, TransportError
@@ -36,7 +36,26 @@ from gcache.transport.shm import UnixListener, host_id
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import TcpListener
 
+if TYPE_CHECKING:
+    from gcache.server.nixl_offer import NixlFact
+    from gcache.transport.nixl import NixlAgent
+
 log = logging.getLogger(__name__)
+
+
+class HelloFacts(TypedDict):
+    """What a HELLO reply tells a client about this server (as JSON)."""
+
+    version: int
+    host_id: str
+    address: str
+    unix_socket: str               # "" when off
+    arena_bytes: int
+    arena_id: str
+    io_size: int
+    max_value_size: int
+    lease_ttl_ms: int
+    nixl: NotRequired[NixlFact]    # only when the arena is offered over NIXL
 
 
 class DataServer:
@@ -53,12 +72,13 @@ class DataServer:
                                                                  or f"/tmp/{shm_name}.sock")
         self.unix_listener = (UnixListener(self.unix_path, io_size=config.io_size)
                               if self.unix_path else None)
-        self.hello = {"version": VERSION, "host_id": host_id(), "address": self.address,
-                      "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
-                      "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
-                      "max_value_size": config.max_value_size,
-                      "lease_ttl_ms": int(config.lease_ttl_s * 1000)}
-        self._nixl: Any = None
+        self.hello: HelloFacts = {
+            "version": VERSION, "host_id": host_id(), "address": self.address,
+            "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
+            "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
+            "max_value_size": config.max_value_size,
+            "lease_ttl_ms": int(config.lease_ttl_s * 1000)}
+        self._nixl: NixlAgent | None = None
         if config.nixl:
             from gcache.server.nixl_offer import offer_arena
             offered = offer_arena(self.tier.arena, devices=config.nixl_devices,
@@ -79,9 +99,9 @@ class DataServer:
     def start(self) -> None:
         loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None)),
                  ("gcache-reaper", self._reap_loop)]
-        if self.unix_listener is not None:
+        if (unix := self.unix_listener) is not None:
             loops.append(("gcache-accept-unix",
-                          lambda: self._accept_loop(self.unix_listener, self.tier.arena.fd)))
+                          lambda: self._accept_loop(unix, self.tier.arena.fd)))
         for name, target in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -122,12 +142,14 @@ class DataServer:
             except GCacheError as exc:
                 log.warning("mutable_keys.no_map error=%s", exc)
                 return
+            assert self.membership is not None     # only membership's answers run this
             me = self.membership.record.id
             self.mutable.drop_unless(lambda key, group: placed.owner_id(key, group) == me)
 
     def _membership_changed(self, state: str) -> None:
         """A drain starts the handoff once; having left, the server stops (exit code 0)."""
         if state == "draining" and self._handoff is None:
+            assert self.membership is not None     # membership's own callback
             link = MasterClient(self.config.master, token=self.config.token)
             self._handoff = Handoff(self.tier, link, self.membership.record.id, self.config,
                                     on_left=self.stop.set, mutable=self.mutable)
@@ -180,10 +202,10 @@ class DataServer:
             if expired:
                 log.warning("lease.expired count=%d", expired)
 
-    def _stat_extra(self) -> dict[str, Any]:
+    def _stat_extra(self) -> dict[str, object]:
         with self._lock:
             connections = len(self._conns)
-        extra: dict[str, Any] = {
+        extra: dict[str, object] = {
             "server": {"address": self.address, "connections": connections,
                        "uptime_s": round(time.monotonic() - self._started_s, 3),
                        "io_size": self.config.io_size,

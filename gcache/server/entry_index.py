@@ -8,14 +8,18 @@ reader). The sum is kept as entries come and go instead, so STAT is O(1).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Generic, NoReturn, Protocol, TypeVar, overload
 
 
 class Sized(Protocol):
     length: int
 
 
-class EntryIndex(dict):
+E = TypeVar("E", bound=Sized)
+T = TypeVar("T")
+
+
+class EntryIndex(dict[bytes, E], Generic[E]):
     """A dict that changes only by ``index[key] = entry``, ``del index[key]`` and ``pop``,
     which keep ``value_bytes`` equal to the sum of its entries' ``length``."""
 
@@ -25,7 +29,7 @@ class EntryIndex(dict):
         super().__init__()
         self.value_bytes = 0
 
-    def __setitem__(self, key: bytes, entry: Sized) -> None:
+    def __setitem__(self, key: bytes, entry: E) -> None:
         old = self.get(key)
         if old is not None:
             self.value_bytes -= old.length
@@ -36,7 +40,13 @@ class EntryIndex(dict):
         self.value_bytes -= self[key].length
         super().__delitem__(key)
 
-    def pop(self, key: bytes, *default: Any) -> Any:
+    @overload
+    def pop(self, key: bytes, /) -> E: ...
+    @overload
+    def pop(self, key: bytes, default: E, /) -> E: ...
+    @overload
+    def pop(self, key: bytes, default: T, /) -> E | T: ...
+    def pop(self, key: bytes, *default: object) -> object:
         if key in self:
             entry = super().pop(key)
             self.value_bytes -= entry.length
@@ -45,7 +55,7 @@ class EntryIndex(dict):
             return default[0]
         raise KeyError(key)
 
-    def _unsupported(self, *args: Any, **kwargs: Any) -> None:
+    def _unsupported(self, *args: object, **kwargs: object) -> NoReturn:
         # builtin on purpose: a bug in our tier, not a bad request (the handler answers those)
         raise TypeError("EntryIndex changes only by [key] = entry, del and pop (they keep "
                         "value_bytes)")

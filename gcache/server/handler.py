@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gcache.config import ServerConfig
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace, ProtocolError, TransportError
@@ -59,8 +59,9 @@ class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
     def __init__(self, conn: StreamConnection, tier: Tier, config: ServerConfig, *,
-                 stat_extra: Callable[[], dict], is_stopping: Callable[[], bool],
-                 hello: dict, arena_fd: int | None, mutable: MutableKeys | None = None) -> None:
+                 stat_extra: Callable[[], Mapping[str, object]], is_stopping: Callable[[], bool],
+                 hello: Mapping[str, object], arena_fd: int | None,
+                 mutable: MutableKeys | None = None) -> None:
         self.conn = conn
         self.mutable = mutable or MutableKeys(None, tier.delete)
         self._is_stopping = is_stopping

@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="connections yet to authenticate (the oldest is cut off)")
     parser.add_argument("--unix-socket", dest="unix_socket",
                         help="same-host socket path, or 'off' (default /tmp/<shm-name>.sock)")
+    parser.add_argument("--token-file", dest="token_file",
+                        help="file holding the cluster token (a systemd credential, a Secret)")
     parser.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN or the config "
                         "file: flags show in ps)")
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")

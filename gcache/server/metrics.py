@@ -6,10 +6,11 @@ lock, and a scrape every few seconds is cheaper than an increment per request.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gcache.metrics_http import serve_metrics_http
@@ -32,7 +33,7 @@ class TierCollector(Collector):
     def __init__(self, server: DataServer) -> None:
         self._server = server
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         stats = self._server.tier.stats()
         for key, name in _COUNTERS.items():
             yield CounterMetricFamily(name, f"hot tier {key}", value=stats[key])
@@ -43,7 +44,7 @@ class TierCollector(Collector):
             yield from _per_tier(tiers)
 
 
-def _per_tier(tiers: dict[str, dict[str, int]]):
+def _per_tier(tiers: dict[str, dict[str, int]]) -> Iterator[Metric]:
     """``gcache_server_tier_*`` with a ``tier`` label (hot, cold): counters end in _total."""
     names = sorted({key for values in tiers.values() for key in values})
     for key in names:

@@ -129,6 +129,7 @@ class MutableKeys:
             with self._lock:
                 if key in self._hidden:         # else put again since: that value is current
                     self._forget(key)
+        assert self._path is not None              # keys are kept (and purged) only with a log
         with self._lock:
             _rewrite(self._path, self._keys)
         log.info("mutable_keys.purged count=%d", len(keys))
@@ -147,6 +148,7 @@ class MutableKeys:
                     self._forget(key)
                     dropped += 1
         if dropped:
+            assert self._path is not None          # keys are kept (and dropped) only with a log
             with self._lock:
                 _rewrite(self._path, self._keys)
             log.info("mutable_keys.dropped count=%d: owned by another server now", dropped)

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from gcache.server.arena import Arena
+    from gcache.transport.nixl import NixlAgent
 
 log = logging.getLogger(__name__)
 
 
-def offer_arena(arena: Any, *, devices: tuple[str, ...],
-                deny: tuple[str, ...]) -> tuple[Any, dict] | None:
+class NixlFact(TypedDict):
+    """The HELLO ``nixl`` fact: what a client needs to add the agent and address the arena."""
+
+    metadata: str              # the agent's metadata, base64
+    arena_address: int         # the arena's address in the server's memory
+
+
+def offer_arena(arena: Arena, *, devices: tuple[str, ...],
+                deny: tuple[str, ...]) -> tuple[NixlAgent, NixlFact] | None:
     """(agent, HELLO ``nixl`` fact) for ``arena``, or None when NIXL is not available.
     ``devices`` ("auto",) are the rail NICs of this host's GPUs, never a ``deny``-ed one."""
     from gcache.transport import nixl
@@ -31,8 +42,8 @@ def offer_arena(arena: Any, *, devices: tuple[str, ...],
         agent = nixl.NixlAgent("server", devices=devices)
         address = arena.address
         agent.register(nixl.Region(address, arena.size_bytes))
-        fact = {"metadata": base64.b64encode(agent.metadata()).decode(),
-                "arena_address": address}
+        fact: NixlFact = {"metadata": base64.b64encode(agent.metadata()).decode(),
+                          "arena_address": address}
     except Exception as exc:
         log.warning("server.nixl off: the NIXL agent did not start: %s", exc)
         return None

@@ -124,7 +124,7 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
 
 
 def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
-                 secret: bytes) -> tuple | None:
+                 secret: bytes) -> tuple[int, bytes, int, int, int, int, int] | None:
     """(state, key, length, checksum, seq, group, end) of a valid record at ``pos`` newer than
     the span's claim, or None. A PENDING record may carry the check of either state: COMMIT
     writes the committed check before it flips the state."""
@@ -144,7 +144,8 @@ def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
 def _looks_like_ours(view: memoryview, pos: int, claim_seq: int) -> bool:
     """A header that was written in this span's life (rather than a leftover or the end)."""
     magic, *_, seq, _group, _check = RECORD.unpack_from(view, pos)
-    return magic == RECORD_MAGIC and seq > claim_seq
+    ours: bool = magic == RECORD_MAGIC and seq > claim_seq
+    return ours
 
 
 def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int,

@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
@@ -67,7 +66,7 @@ class Pin:
     entry: Entry
     expires_s: float           # time.monotonic() deadline
     pending: bool              # a write in flight (True) or a read lease (False)
-    hasher: Any = None         # running xxh3 of in-order writes; None once order is lost
+    hasher: Hasher | None = None   # running xxh3 of in-order writes; None once order is lost
     hashed: int = 0            # bytes covered (or claimed) by ``hasher``
     hashing: bool = False      # a write feeding ``hasher`` is in flight
     writers: int = 0           # receives into the extent in progress (``write_target`` taken)
@@ -99,8 +98,8 @@ class HotTier:
         # Signalled whenever space may have become reusable; a demoter waits on it too.
         self.space = threading.Condition(self._lock)
         self.cold_backed = cold_backed
-        self.on_commit: Callable[[bytes], Any] | None = None   # after a client's commit
-        self._index = EntryIndex()                 # key -> Entry, with the live bytes summed
+        self.on_commit: Callable[[bytes], object] | None = None   # after a client's commit
+        self._index: EntryIndex[Entry] = EntryIndex()   # key -> Entry, live bytes summed
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
@@ -202,6 +201,7 @@ class HotTier:
         entry = pin.entry
         streamed = pin.hasher is not None and pin.hashed == entry.length and not pin.hashing
         if streamed:
+            assert pin.hasher is not None          # ``streamed`` tested it
             actual = pin.hasher.intdigest()
         else:
             actual = checksum(self.arena.view[entry.value:entry.value + entry.length])

@@ -33,7 +33,8 @@ def _register(mapping: ArenaMapping) -> None:
     import torch
 
     pointer = mapping.array.ctypes.data
-    error = torch.cuda.cudart().cudaHostRegister(pointer, mapping.size_bytes, _REGISTER_PORTABLE)
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    error = cudart.cudaHostRegister(pointer, mapping.size_bytes, _REGISTER_PORTABLE)
     code = int(getattr(error, "value", error))
     if code != 0:
         raise DeviceError(f"cudaHostRegister of the {mapping.size_bytes}-byte arena failed "
@@ -53,7 +54,8 @@ def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
     _register(mapping)
     source = _host_view(mapping, offset, length)
     if hasher is not None:
-        hasher.update(memoryview(mapping.array[offset:offset + length]))
+        # numpy's stubs make an ndarray a buffer on Python 3.12+ only (__buffer__)
+        hasher.update(memoryview(mapping.array[offset:offset + length]))  # type: ignore[arg-type]
     device_bytes(out, what="out")[:length].copy_(source, non_blocking=False)
 
 
@@ -64,7 +66,9 @@ def write_from_cuda(mapping: ArenaMapping, offset: int, value: Any,
     flat = device_bytes(value, what="value")
     _host_view(mapping, offset, flat.numel()).copy_(flat, non_blocking=False)
     if hasher is not None:
-        hasher.update(memoryview(mapping.array[offset:offset + flat.numel()]))
+        # numpy's stubs make an ndarray a buffer on Python 3.12+ only (__buffer__)
+        hasher.update(memoryview(
+            mapping.array[offset:offset + flat.numel()]))  # type: ignore[arg-type]
 
 
 def cuda_digest(tensor: Any, length: int) -> int:

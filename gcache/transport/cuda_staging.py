@@ -32,7 +32,9 @@ class CudaStaging:
         with self._lock:
             stream = self._streams.get(device.index)
             if stream is None:
-                stream = self._streams[device.index] = torch.cuda.Stream(device)
+                # torch leaves Stream.__new__ unannotated
+                stream = self._streams[device.index] = \
+                    torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             return stream
 
     def to_host(self, tensor: Any, what: str = "value") -> Any:

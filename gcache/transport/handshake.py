@@ -66,6 +66,6 @@ def parse_facts(payload: bytes | bytearray) -> dict[str, Any]:
         value = facts.get(name)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise ProtocolError(f"HELLO fact {name!r} is {value!r}; must be {kind.__name__}")
-        if kind is int and value is not None and value < 0:
+        if kind is int and isinstance(value, int) and value < 0:
             raise ProtocolError(f"HELLO fact {name!r} is {value}; must not be negative")
     return facts

@@ -26,11 +26,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gcache.errors import ConnectionLost, IOTimeout
+
+if TYPE_CHECKING:
+    from nixl_cu12._api import nixl_agent, nixl_xfer_handle
 
 log = logging.getLogger(__name__)
 _SPIN_S = 1e-3                # how long a waiter polls flat out before sleeping between polls
@@ -76,13 +79,13 @@ class Region:
 class Transfer:
     """A posted request: ``NixlAgent.wait`` or ``cancel`` it exactly once."""
 
-    handle: Any
+    handle: nixl_xfer_handle | None
     what: str
     deadline: float
     state: str = "PROC"
 
 
-def waiting_agent(name: str) -> Any:
+def waiting_agent(name: str) -> nixl_agent:
     """A NIXL agent whose UCX progress thread sleeps between events, safe to call from many
     threads at once (``NIXL_THREAD_SYNC_RW``: transfers concurrent, registrations exclusive).
 
@@ -93,7 +96,8 @@ def waiting_agent(name: str) -> Any:
     the agent is rebuilt with a delay before any backend exists; the wrapper's methods call
     the native agent it holds. No backend yet: the caller creates it (``bench/nixl_bare.py``
     measures the bare limit on agents made here, so both sides of a ratio have one config)."""
-    from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t, nixlBind
+    import nixl_cu12._bindings as nixlBind
+    from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
     sync = nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
     agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[],
@@ -127,14 +131,15 @@ class NixlAgent:
         self._agent.create_backend("UCX", params)
         self._lock = threading.Lock()
         self._regions: list[Region] = []          # sorted by address
-        self._registered: list[tuple[Region, Any, Any]] = []    # region, NIXL descs, owner
-        self._stuck: list[tuple[Region, Any, Any]] = []   # deregistrations NIXL refused
+        # region, NIXL descs (``nixlRegDList``: the bindings have no stubs), owner
+        self._registered: list[tuple[Region, Any, object]] = []
+        self._stuck: list[tuple[Region, Any, object]] = []   # deregistrations NIXL refused
         self._remotes: dict[bytes, str] = {}      # metadata -> remote agent name
         self._slots = threading.BoundedSemaphore(max(1, in_flight))
 
     # ---- memory ---------------------------------------------------------------------------------
 
-    def register(self, region: Region, owner: Any = None) -> bool:
+    def register(self, region: Region, owner: object = None) -> bool:
         """Register ``region`` once; False (a no-op) for a region inside one already
         registered. ``owner``, the object whose memory it is, is kept until ``deregister``:
         a registration outlives nothing it names, since memory freed under it would hand its
@@ -269,6 +274,7 @@ class NixlAgent:
                     raise IOTimeout(f"{transfer.what} timed out")
                 if now - began > _SPIN_S:
                     time.sleep(_POLL_SLEEP_S)
+                assert transfer.handle is not None       # only ``_done``, below, clears it
                 state = self._agent.check_xfer_state(transfer.handle)
             if state == "ERR":
                 raise ConnectionLost(f"{transfer.what} failed")
@@ -289,7 +295,7 @@ class NixlAgent:
             transfer.handle = None
             self._slots.release()
 
-    def _release(self, handle: Any) -> None:
+    def _release(self, handle: nixl_xfer_handle) -> None:
         try:
             self._agent.release_xfer_handle(handle)
         except Exception as exc:

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gcache.errors import GCacheError, InvalidRequest
 
@@ -30,6 +30,12 @@ MIN_CLASS_BYTES = 64 << 10
 class PoolExhausted(GCacheError):
     """No pinned buffer came free within the wait; the pool is at its cap. A shortage of this
     host's memory, not a failure of any server."""
+
+
+class CopyEvent(Protocol):
+    """What a returned buffer waits on (``give(after=...)``): a ``torch.cuda.Event`` or ``DONE``."""
+
+    def query(self) -> bool: ...
 
 
 class _Done:
@@ -56,14 +62,14 @@ class PinnedPool:
     buffers themselves. A hook that raises is logged; the buffer serves on unregistered."""
 
     def __init__(self, *, pin: bool, cap_bytes: int,
-                 on_new: Callable[[Any], Any] | None = None,
-                 on_drop: Callable[[Any], Any] | None = None) -> None:
+                 on_new: Callable[[Any], object] | None = None,
+                 on_drop: Callable[[Any], object] | None = None) -> None:
         if cap_bytes < MIN_CLASS_BYTES:
             raise InvalidRequest(f"cap_bytes={cap_bytes} is below one buffer ({MIN_CLASS_BYTES})")
         self.pin, self.cap_bytes = pin, cap_bytes
         self._on_new, self._on_drop = on_new, on_drop
         self._free: dict[int, list[Any]] = {}
-        self._pending: list[tuple[Any, Any]] = []          # (buffer, event of its last copy)
+        self._pending: list[tuple[Any, CopyEvent]] = []    # (buffer, event of its last copy)
         self._lock = threading.Lock()
         self.allocated_bytes = 0
         self.allocations = 0
@@ -120,7 +126,7 @@ class PinnedPool:
         self.allocations += 1
         return None, True
 
-    def give(self, view: Any, *, after: Any = DONE) -> None:
+    def give(self, view: Any, *, after: CopyEvent = DONE) -> None:
         """Return a view from ``take``; it is reused once ``after`` (an event) has completed."""
         base = view._base if view._base is not None else view
         with self._lock:
@@ -136,7 +142,7 @@ class PinnedPool:
         self._pending = still
 
 
-def _run_hook(hook: Callable[[Any], Any] | None, buffer: Any, what: str) -> None:
+def _run_hook(hook: Callable[[Any], object] | None, buffer: Any, what: str) -> None:
     if hook is None:
         return
     try:

@@ -156,7 +156,8 @@ class ArenaMapping:
             end = min(len(out), start + COPY_CHUNK)
             source = self.array[offset + start:offset + end]
             if hasher is not None:
-                hasher.update(source)
+                # numpy's stubs make an ndarray a buffer on Python 3.12+ only (__buffer__)
+                hasher.update(source)  # type: ignore[arg-type]
             np.copyto(dst[start:end], source)
 
     def write_from(self, offset: int, src: memoryview, hasher: Hasher | None) -> None:

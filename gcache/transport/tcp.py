@@ -76,6 +76,7 @@ class TcpListener:
         if accepted is None:
             return None
         sock, peer = accepted
+        assert isinstance(peer, tuple)          # an AF_INET(6) peer is (host, port, ...)
         _tune(sock, self._unacknowledged_s)
         return StreamConnection(sock, f"{peer[0]}:{peer[1]}", io_size=self.io_size)
 

@@ -110,5 +110,7 @@ def test_clients_and_a_draining_server_place_keys_by_the_masters_placement(tmp_p
             wait_until(lambda: victim_address not in client.stats()["servers"], timeout_s=5)
             assert client.batch_get(keys, group="tree") == values
             assert client.stats()["misses"] == 0
+            # the drained slot falls through to a live server clockwise of its anchor, which
+            # may hold another slot already: every key is on the three left, not one per slot
             after = {a: s["tier"]["objects"] for a, s in client.server_stats().items()}
-            assert sorted(n > 0 for n in after.values()) == [True, True, True], after
+            assert len(after) == 3 and sum(after.values()) >= len(keys), after

@@ -91,3 +91,25 @@ def test_engine_settings_go_through_the_daemons_loader(monkeypatch):
         client_config({"servers": "127.0.0.1:1", "io_threads": 0})
     with pytest.raises(ConfigError, match="gcache_servers"):
         client_config({"servers": "nowhere"})
+
+
+def test_the_token_can_come_from_a_file_or_a_systemd_credential(tmp_path):
+    """Never from a command line: ``token_file``, or systemd's ``gcache-token`` credential."""
+    from gcache.config import MasterConfig
+    from gcache.errors import ConfigError
+    secret = tmp_path / "token"
+    secret.write_text("a-token-read-from-a-file\n")
+    config = load_config(ServerConfig, "server", env={}, flags={"token_file": str(secret)})
+    assert config.token == "a-token-read-from-a-file" and config.token_file == str(secret)
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "gcache-token").write_text("a-token-from-systemd-credentials")
+    master = load_config(MasterConfig, "master", env={"CREDENTIALS_DIRECTORY": str(credentials)},
+                         flags={"data_dir": str(tmp_path)})
+    assert master.token == "a-token-from-systemd-credentials"
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(ServerConfig, "server", env={"GCACHE_TOKEN": "x" * 20},
+                    flags={"token_file": str(secret)})
+    with pytest.raises(ConfigError, match="readable") as caught:
+        load_config(ServerConfig, "server", env={}, flags={"token_file": str(tmp_path / "no")})
+    assert "a-token" not in str(caught.value)
