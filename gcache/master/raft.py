@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -27,13 +29,14 @@ from pysyncobj.syncobj import SyncObjException
 from gcache.errors import Unavailable
 from gcache.master.state import ClusterState, Command, Result
 
+ROLE_REFRESH_S = 0.005    # how stale is_leader / leader / term may be (a Raft tick is ~1 ms)
+
 
 class _Replica(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type information
     if TYPE_CHECKING:
         # The pysyncobj calls RaftGroup makes, typed as 0.3.x (pinned) behaves.
-        def _isLeader(self) -> bool: ...
-        def _getLeader(self) -> object: ...         # a node, or None during an election
-        def _getTerm(self) -> int: ...
+        def getStatus(self) -> dict[str, object]: ...
+        def addOnTickCallback(self, callback: Callable[[], None]) -> None: ...
         def isReady(self) -> bool: ...
         def destroy(self) -> None: ...
 
@@ -48,6 +51,14 @@ class _Replica(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type inform
         result = self.state.apply(command)
         self._on_applied()
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Role:
+    """This member's view of the group, as the Raft thread last saw it."""
+    leading: bool = False
+    leader: str | None = None          # the leader's Raft address; None during an election
+    term: int = 0
 
 
 class _Outcome(TypedDict, total=False):     # filled by pysyncobj's callback
@@ -71,8 +82,11 @@ class RaftGroup:
                            password=token)
         self.self_addr = self_addr
         self.changed = threading.Condition()
+        self._role = _Role()
+        self._role_at = 0.0
         self._replica = _Replica(self_addr, [p for p in peers if p != self_addr], conf,
                                  self._notify)
+        self._replica.addOnTickCallback(self._observe)
 
     def _notify(self) -> None:
         with self.changed:
@@ -105,24 +119,41 @@ class RaftGroup:
         assert result is not None            # pysyncobj passes the result along with SUCCESS
         return result
 
-    # ``_isLeader`` / ``_getLeader`` / ``_getTerm`` are pysyncobj internals (0.3.x, pinned)
-    # read from gRPC threads. The public ``getStatus()`` is not safe there: it iterates dicts
-    # that the Raft thread refills in place on an election ("dictionary changed size").
+    def _observe(self) -> None:
+        """On the Raft thread, after a tick: read the role through the public ``getStatus()``,
+        which is safe only here (from a gRPC thread it iterates dicts that this thread refills
+        in place on an election), and publish it whole for the gRPC threads. At most every
+        ``ROLE_REFRESH_S``: a tick comes with every message under load."""
+        now = time.monotonic()
+        if now - self._role_at < ROLE_REFRESH_S:
+            return
+        self._role_at = now
+        status = self._replica.getStatus()
+        leader, own = status.get("leader"), status.get("self")
+        term = status.get("raft_term")
+        self._role = _Role(leading=leader is not None and leader == own,
+                           leader=None if leader is None else _address(leader),
+                           term=term if isinstance(term, int) else 0)
+
     def is_leader(self) -> bool:
-        return self._replica._isLeader()
+        return self._role.leading
 
     def leader(self) -> str | None:
-        node = self._replica._getLeader()
-        return None if node is None else str(node.address if hasattr(node, "address") else node)
+        return self._role.leader
 
     def term(self) -> int:
-        return int(self._replica._getTerm())
+        return self._role.term
 
     def is_ready(self) -> bool:
         return self._replica.isReady()
 
     def close(self) -> None:
         self._replica.destroy()
+
+
+def _address(node: object) -> str:
+    """A pysyncobj node's HOST:PORT (``TCPNode.address``)."""
+    return str(getattr(node, "address", node))
 
 
 def _reason(code: int) -> str:
