@@ -1,0 +1,1 @@
+"""Tests of the deployment files under deploy/ (Kubernetes manifests and the Helm chart)."""
