@@ -108,6 +108,10 @@ class ServerConfig:
             _check("master", address, _is_address(address), "each must be HOST:PORT")
         _check("advertise", self.advertise, not self.advertise or _is_address(self.advertise),
                "must be HOST:PORT or empty")
+        _check("advertise", self.advertise,
+               not (self.master and not self.advertise and _is_wildcard(self.listen)),
+               f"must name the HOST:PORT clients reach: listen={self.listen} is every address, "
+               "which the masters would hand to clients as this server's")
         _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
                "must be positive")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
@@ -219,6 +223,8 @@ class MasterConfig:
     suspect_beats: int = 3                  # missed beats before a server is suspect
     dead_timeout_s: float = 5.0             # seconds without a beat before a server is dead
     metrics_listen: str = ""                # HOST:PORT for Prometheus /metrics; "" is off
+    advertise: str = ""                     # gRPC HOST:PORT the other members name to callers
+                                            # as the leader's; "" is the listen address
     vnodes: int = DEFAULT_VNODES            # ring points per server, sent in the cluster map:
     group_width: int = DEFAULT_GROUP_WIDTH  # clients and draining servers place keys by them
 
@@ -230,6 +236,12 @@ class MasterConfig:
                "must be HOST:PORT or empty")
         for key in ("listen", "raft"):
             _check(key, getattr(self, key), _is_address(getattr(self, key)), "must be HOST:PORT")
+        _check("advertise", self.advertise, not self.advertise or _is_address(self.advertise),
+               "must be HOST:PORT or empty")
+        _check("advertise", self.advertise,
+               not (self.peers and not self.advertise and _is_wildcard(self.listen)),
+               f"must name the HOST:PORT callers reach: listen={self.listen} is every address, "
+               "which followers would name as the leader's")
         for address in self.peers:
             _check("peers", address, _is_address(address), "each must be HOST:PORT")
         _check("peers", self.peers, len(self.peers) in (0, 1, 3, 5),
@@ -259,6 +271,15 @@ def _is_loopback(address: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_wildcard(address: str) -> bool:
+    """``0.0.0.0:P``, ``[::]:P``: listening on every address, reachable at none of its own."""
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
 

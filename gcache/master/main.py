@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dead-timeout", dest="dead_timeout_s", help="seconds")
     parser.add_argument("--heartbeat-interval", dest="heartbeat_interval_s", help="seconds")
     parser.add_argument("--metrics-listen", dest="metrics_listen", help="HOST:PORT of /metrics")
+    parser.add_argument("--advertise", help="gRPC HOST:PORT callers reach (default: --listen)")
     parser.add_argument("--vnodes", help="ring points per server, sent to clients in the map")
     parser.add_argument("--group-width", dest="group_width",
                         help="servers one placement group is striped over (sent in the map)")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     liveness = Liveness(group, config)
     if config.metrics_listen:
         from gcache.master.metrics import serve_metrics
-        serve_metrics(config.metrics_listen, group, token=config.token)
+        serve_metrics(config.metrics_listen, group, liveness, token=config.token)
     interceptors: list[grpc.ServerInterceptor] = [TokenCheck(config.token)] if config.token else []
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)
@@ -93,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     server.start()
     liveness.start()
-    threading.Thread(target=announce, args=(group, config.listen, stop), daemon=True,
-                     name="gcache-announce").start()
+    threading.Thread(target=announce, args=(group, config.advertise or config.listen, stop),
+                     daemon=True, name="gcache-announce").start()
     sys.stderr.write(f"gcache-master ready listen={config.listen} raft={config.raft}\n")
     sys.stderr.flush()
     while not stop.wait(1.0):

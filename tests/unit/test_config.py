@@ -113,3 +113,19 @@ def test_the_token_can_come_from_a_file_or_a_systemd_credential(tmp_path):
     with pytest.raises(ConfigError, match="readable") as caught:
         load_config(ServerConfig, "server", env={}, flags={"token_file": str(tmp_path / "no")})
     assert "a-token" not in str(caught.value)
+
+
+def test_a_wildcard_listen_needs_an_advertised_address_once_the_masters_hand_it_out():
+    from gcache.config import MasterConfig
+    from gcache.errors import ConfigError
+    token = {"token": "a-token-of-sixteen-plus"}
+    with pytest.raises(ConfigError, match="advertise"):
+        ServerConfig(listen="0.0.0.0:7700", master=("10.0.0.1:7600",), **token)
+    assert ServerConfig(listen="0.0.0.0:7700", master=("10.0.0.1:7600",),
+                        advertise="10.0.0.5:7700", **token).advertise == "10.0.0.5:7700"
+    assert ServerConfig(listen="0.0.0.0:7700", **token).master == ()    # static: no map
+    peers = ("10.0.0.1:7610", "10.0.0.2:7610", "10.0.0.3:7610")
+    with pytest.raises(ConfigError, match="advertise"):
+        MasterConfig(listen="[::]:7600", raft=peers[0], peers=peers, data_dir="/d", **token)
+    assert MasterConfig(listen="0.0.0.0:7600", raft=peers[0], peers=peers, data_dir="/d",
+                        advertise="10.0.0.1:7600", **token).advertise == "10.0.0.1:7600"
