@@ -31,7 +31,8 @@ from gcache.errors import InvalidRequest
 from gcache.kv import page_keys
 from gcache.kv.layer_buffers import KVSink, KVSource
 from gcache.kv.layout import ModelLayout
-from gcache.kv.load import LoadHandle
+from gcache.kv.load import Fetch, LayerPlan, LoadHandle
+from gcache.kv.metrics import HIT_TOKENS, LOAD_SECONDS, LOOKUP_TOKENS
 from gcache.kv.policy import DEFAULT_POLICY, Pressure, PressureGauge, StorePolicy, policy_from_name
 from gcache.kv.window import leading, safe_boundary, tail_span
 
@@ -128,6 +129,13 @@ class KVStore:
         return self.probe(token_ids).hit_tokens
 
     def probe(self, token_ids: Sequence[int] | np.ndarray) -> Probe:
+        """A lookup of ``token_ids``: counted in ``gcache_kv_*_tokens_total``."""
+        found = self._probe(token_ids)
+        LOOKUP_TOKENS.inc(len(token_ids))
+        HIT_TOKENS.inc(found.hit_tokens)
+        return found
+
+    def _probe(self, token_ids: Sequence[int] | np.ndarray) -> Probe:
         hashes = self.hashes(token_ids)
         groups = page_keys.groups_of(hashes, self.head_pages)
         n = len(hashes)
@@ -182,7 +190,7 @@ class KVStore:
         """The plan of a save of ``token_ids`` (``probe``: one of the same tokens, reused):
         the tails the policy picks under the pressure read now. Pass it to every layer's
         ``save`` of this sequence."""
-        probe = probe or self.probe(token_ids)
+        probe = probe or self._probe(token_ids)          # a save's, not a lookup: not counted
         tails = self.policy.tail_boundaries(probe.n_pages, shared_pages=probe.shared_pages,
                                             hit_pages=probe.hit_pages,
                                             pressure=self._pressure())
@@ -285,6 +293,7 @@ class KVStore:
         layer order; returns at once. Paged layers get every page, SWA layers the window tail
         before ``hit_tokens``. Raises ``InvalidRequest`` for a length that is not a whole number
         of this sequence's pages."""
+        started_s = time.perf_counter()
         hashes = self.hashes(token_ids)
         page = self.layout.page_size
         if hit_tokens % page or not 0 <= hit_tokens <= len(hashes) * page:
@@ -307,9 +316,22 @@ class KVStore:
             outs = [self._target(sink, layer, start, stop) for _, _, start, stop in spans]
             plan.append((layer, [key for key, _, _, _ in spans], outs))
         handle = LoadHandle([layer for layer, _, _ in plan], timeout_s=timeout_s)
-        self._loader.submit(handle.run, plan, lambda keys, outs: self._get(
-            keys, outs, [group_of_key[key] for key in keys]))
+
+        def fetch(keys: list[str], outs: list[memoryview]) -> list[bool]:
+            return self._get(keys, outs, [group_of_key[key] for key in keys])
+        self._loader.submit(self._run_load, handle, plan, fetch, started_s if b else None)
         return handle
+
+    @staticmethod
+    def _run_load(handle: LoadHandle, plan: list[LayerPlan], fetch: Fetch,
+                  started_s: float | None) -> None:
+        """``handle.run`` on a loader thread, observed in ``gcache_kv_load_seconds`` once it
+        ends (``started_s`` None: a load of no hit, which is not one)."""
+        try:
+            handle.run(plan, fetch)
+        finally:
+            if started_s is not None:
+                LOAD_SECONDS.observe(time.perf_counter() - started_s)
 
     def load_span(self, layer: int, hit_tokens: int) -> tuple[int, int]:
         """The tokens ``[start, stop)`` of ``layer`` that ``load`` fetches for a hit of

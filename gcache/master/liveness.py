@@ -42,6 +42,13 @@ class Liveness:
         with self._lock:
             self._beats[server_id] = time.monotonic()
 
+    def beat_ages_s(self) -> dict[str, float]:
+        """Seconds since each server's last beat to this member, a copy (for /metrics). Beats
+        go to the leader only: on a follower these are stale."""
+        now = time.monotonic()
+        with self._lock:
+            return {server_id: now - beat_s for server_id, beat_s in self._beats.items()}
+
     def _run(self) -> None:
         period = min(0.25, self.config.heartbeat_interval_s / 2)
         while not self._halt.wait(period):

@@ -21,6 +21,7 @@ import grpc
 
 from gcache.errors import MasterError
 from gcache.master.liveness import Liveness
+from gcache.master.metrics import timed
 from gcache.master.raft import RaftGroup
 from gcache.master.state import Applied, Command, Drain, Leave, Refused, Register, ServerRecord
 from gcache.master_client import LEADER_KEY, TOKEN_KEY
@@ -47,6 +48,7 @@ class MasterService(pb_grpc.MasterServicer):
         self.group, self.liveness = group, liveness
         self._placement = placement.to_pb()
 
+    @timed
     def Register(self, request: pb.RegisterRequest,
                  context: grpc.ServicerContext) -> pb.RegisterReply:
         s = request.server
@@ -61,6 +63,7 @@ class MasterService(pb_grpc.MasterServicer):
         log.info("master.registered server=%s address=%s epoch=%d", s.id, s.address, epoch)
         return pb.RegisterReply(id=s.id, epoch=epoch)
 
+    @timed
     def Heartbeat(self, request: pb.HeartbeatRequest,
                   context: grpc.ServicerContext) -> pb.HeartbeatReply:
         if not self.group.is_leader():
@@ -76,6 +79,7 @@ class MasterService(pb_grpc.MasterServicer):
         self.liveness.beat(request.id)
         return pb.HeartbeatReply(epoch=epoch, state=state)
 
+    @timed
     def GetClusterMap(self, request: pb.GetClusterMapRequest,
                       context: grpc.ServicerContext) -> pb.ClusterMap:
         if not self.group.is_ready():
@@ -93,18 +97,21 @@ class MasterService(pb_grpc.MasterServicer):
                              servers=[server_pb(s) for s in list(state.servers.values())],
                              placement=self._placement)
 
+    @timed
     def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> pb.DrainReply:
         result = self._submit(context, Drain(request.id))
         if isinstance(result, Refused):
             context.abort(grpc.StatusCode.NOT_FOUND, result.reason)
         return pb.DrainReply(epoch=self._applied(context, result))
 
+    @timed
     def Leave(self, request: pb.LeaveRequest, context: grpc.ServicerContext) -> pb.LeaveReply:
         result = self._submit(context, Leave(request.id))
         if isinstance(result, Refused):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, result.reason)
         return pb.LeaveReply(epoch=self._applied(context, result))
 
+    @timed
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         state, leader = self.group.state, self.group.leader()
         return pb.StatusReply(self_raft=self.group.self_addr, leader_raft=leader or "",

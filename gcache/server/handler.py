@@ -47,6 +47,7 @@ from gcache.frame import (
     unpack_header,
 )
 from gcache.keys import MAX_KEY_BYTES
+from gcache.server.metrics import BYTES_IN, BYTES_OUT, OP_TIMERS
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request
 from gcache.server.tier import Entry
@@ -112,6 +113,7 @@ class ConnectionHandler:
                 except TransportError:
                     return                                     # client went away or stalled
                 header = None
+                started_s = time.perf_counter()
                 try:
                     header = unpack_header(raw, max_payload=self._max_payload)
                     check_request(header, max_value_size=self.config.max_value_size)
@@ -120,6 +122,7 @@ class ConnectionHandler:
                     key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s,
                                                      deadline_s=self._deadline_s(header.key_len)))
                     self._dispatch[header.op](header, key)
+                    OP_TIMERS[header.op].observe(time.perf_counter() - started_s)
                 except (ProtocolError, Refused) as exc:
                     status = exc.status if isinstance(exc, Refused) else Status.BAD_REQUEST
                     log.warning("conn.drop peer=%s reason=%s", self.conn.peer, exc)
@@ -219,11 +222,11 @@ class ConnectionHandler:
     # ---- operations ---------------------------------------------------------------------------
 
     def _put(self, h: Header, key: bytes) -> None:
-        if not h.flags & FLAG_CHECKSUM_TRAILS:
-            self._reply(h, self._recv_value(key, h.payload_len, h.checksum, h.group, h.flags))
-            return
-        self._reply(h, self._recv_value(key, h.payload_len - TRAILER.size, None, h.group,
-                                        h.flags))
+        trails = bool(h.flags & FLAG_CHECKSUM_TRAILS)
+        length = h.payload_len - TRAILER.size if trails else h.payload_len
+        status = self._recv_value(key, length, None if trails else h.checksum, h.group, h.flags)
+        BYTES_IN.inc(length)
+        self._reply(h, status)
 
     def _lease_or_status(self, key: bytes, *,
                          expires: bool) -> tuple[int, Entry, memoryview] | Status:
@@ -247,6 +250,7 @@ class ConnectionHandler:
         try:
             self._reply(h, Status.OK, payload=(view,), length=entry.length,
                         checksum=entry.checksum)
+            BYTES_OUT.inc(entry.length)
         finally:
             view.release()
             self.tier.release(handle)
@@ -281,6 +285,7 @@ class ConnectionHandler:
             self._drain(h.payload_len)
             self._reply(h, Status.UNKNOWN_HANDLE)
             return
+        BYTES_IN.inc(h.payload_len)
         if not in_time:
             log.warning("write.expired peer=%s bytes=%d", self.conn.peer, h.payload_len)
             self._handles.discard(h.handle)
@@ -297,6 +302,7 @@ class ConnectionHandler:
                 hasher.update(view)
             view.release()
             self.tier.write_done(h.handle)
+            BYTES_IN.inc(h.length)
             status = Status.OK
         if not h.flags & FLAG_NO_REPLY:
             self._reply(h, status)
@@ -316,6 +322,7 @@ class ConnectionHandler:
         self._handles.add(handle)
         self._reply(h, Status.OK, handle=handle, offset=entry.value, length=entry.length,
                     checksum=entry.checksum)
+        BYTES_OUT.inc(entry.length)          # the client copies the value itself
 
     def _read(self, h: Header, key: bytes) -> None:
         try:
@@ -372,6 +379,7 @@ class ConnectionHandler:
         try:
             self._reply(h, Status.OK, payload=(table, *(lease[2] for lease in held)),
                         count=len(leases))
+            BYTES_OUT.inc(sum(lease[1].length for lease in held))
         finally:
             for handle, _, view in held:
                 view.release()
@@ -383,10 +391,10 @@ class ConnectionHandler:
             raise Refused(Status.BAD_REQUEST, f"{h.count} entries need a {table_len}-byte table")
         table = self._recv_bytes(table_len)
         entries = [PUT_ENTRY.unpack_from(table, i * PUT_ENTRY.size) for i in range(h.count)]
-        keys_len = sum(e[0] for e in entries)
+        keys_len, values_len = sum(e[0] for e in entries), sum(e[1] for e in entries)
         if (any(not 1 <= e[0] <= MAX_KEY_BYTES or e[1] == 0 or e[1] > self.config.max_value_size
                 for e in entries)
-                or table_len + keys_len + sum(e[1] for e in entries) != h.payload_len):
+                or table_len + keys_len + values_len != h.payload_len):
             raise Refused(Status.BAD_REQUEST,
                           "BATCH_PUT table does not match its payload or limits")
         keys_blob = self._recv_bytes(keys_len)
@@ -395,6 +403,7 @@ class ConnectionHandler:
             entry_key = bytes(keys_blob[pos:pos + key_len])
             pos += key_len
             statuses.append(self._recv_value(entry_key, length, expected, h.group, h.flags))
+        BYTES_IN.inc(values_len)
         self._reply(h, Status.OK, payload=(bytes(statuses),), count=h.count)
 
     def _hello_reply(self, h: Header, key: bytes) -> None:
@@ -420,6 +429,7 @@ class ConnectionHandler:
 
     def _batch_lease(self, h: Header, key: bytes) -> None:
         table = bytearray()
+        leased_bytes = 0
         for k in self._read_keys(h):
             leased = self._lease_or_status(k, expires=True)
             if isinstance(leased, Status):
@@ -428,9 +438,11 @@ class ConnectionHandler:
             handle, entry, view = leased
             view.release()
             self._handles.add(handle)
+            leased_bytes += entry.length
             table += LEASE_ENTRY.pack(Status.OK, handle, entry.value, entry.length,
                                       entry.checksum)
         self._reply(h, Status.OK, payload=(bytes(table),), count=h.count)
+        BYTES_OUT.inc(leased_bytes)
 
     def _cleanup(self) -> None:
         for handle in self._handles:

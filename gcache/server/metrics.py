@@ -1,7 +1,14 @@
-"""Prometheus metrics of a data server, read from the tier's own counters at scrape time.
+"""Prometheus metrics of a data server: the tier's own counters, read at scrape time, and the
+request loop's latency and value bytes.
 
-A collector rather than counters updated on the hot path: the tier already counts under its
-lock, and a scrape every few seconds is cheaper than an increment per request.
+A collector rather than counters updated on the hot path for everything the tier already counts
+under its lock: a scrape every few seconds is cheaper than an increment per request. What only
+the connection handler sees is counted there, once per request: ``gcache_server_op_seconds{op}``
+(from the request's header to the end of its reply, payloads included) and
+``gcache_server_bytes_total{direction}``, value bytes in (PUT, BATCH_PUT, WRITE over the socket
+or in place) and out (GET, BATCH_GET, and LEASE / BATCH_LEASE, whose values a same-host or RDMA
+client copies itself; a READ moves bytes of a lease already counted), so a dashboard's GB/s
+covers every transport. Label children are resolved once here: ``labels()`` takes a lock.
 """
 
 from __future__ import annotations
@@ -9,14 +16,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gcache.frame import Op
 from gcache.metrics_http import serve_metrics_http
 
 if TYPE_CHECKING:
     from gcache.server.daemon import DataServer
+
+# From a same-host lease (tens of µs) to a large value over a slow link (seconds).
+LATENCY_BUCKETS_S = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+OP_SECONDS = Histogram("gcache_server_op_seconds", "Time to serve one request, by op", ["op"],
+                       buckets=LATENCY_BUCKETS_S)
+VALUE_BYTES = Counter("gcache_server_bytes", "Value bytes received (in) and sent (out)",
+                      ["direction"])
+OP_TIMERS = {op: OP_SECONDS.labels(op.name.lower()) for op in Op}
+BYTES_IN, BYTES_OUT = VALUE_BYTES.labels("in"), VALUE_BYTES.labels("out")
 
 _COUNTERS = {"hits": "gcache_server_hits_total", "misses": "gcache_server_misses_total",
              "puts": "gcache_server_puts_total", "deletes": "gcache_server_deletes_total",
