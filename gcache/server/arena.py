@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT
+from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT, format_size
 from gcache.errors import ConfigError, NoSpace
 
 # magic, state, reserved, key_len, length, checksum, seq, group (xxh3_64 of the placement
@@ -159,6 +159,20 @@ class Segment:
     clean: bool = False           # its live records are safe elsewhere (demoted or re-appended)
 
 
+def _check_room(fd: int, path: str, size_bytes: int) -> None:
+    """Refuse an arena its tmpfs cannot hold: the mapping would succeed and the first touch of a
+    page past the room (the prefault, or a write) would kill the server with SIGBUS, which a
+    restart policy turns into a crash loop. Pages the file holds already count as room: an
+    attached arena keeps them, another one's are freed when it is emptied."""
+    held = os.fstat(fd).st_blocks * 512
+    fs = os.fstatvfs(fd)
+    free = fs.f_bavail * fs.f_frsize
+    if size_bytes - held > free:
+        raise ConfigError("memory", size_bytes, f"{os.path.dirname(path)} has "
+                          f"{format_size(free)} free for {path}; size it over memory "
+                          "(docs/operations.md) or lower memory")
+
+
 class Arena:
     """Shared-memory segments and their allocation. Not thread-safe: the tier's lock guards it.
 
@@ -187,6 +201,11 @@ class Arena:
             os.close(fd)
             raise ConfigError("shm_name", name, f"{self.path} is in use by another running "
                               "server; give each server its own --shm-name") from exc
+        try:
+            _check_room(fd, self.path, self.size_bytes)
+        except ConfigError:
+            os.close(fd)
+            raise
         try:
             os.fchmod(fd, 0o600)
             self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena

@@ -163,3 +163,23 @@ def test_stat_bytes_follow_puts_overwrites_deletes_and_evictions(tier):
     stats = tier.stats()
     assert stats["evicted_segments"] > 0           # evictions happened along the way
     assert stats["bytes"] == sum(live.values()) and stats["objects"] == len(live)
+
+
+def test_an_arena_its_tmpfs_cannot_hold_is_refused_before_a_page_is_touched():
+    """Mapping it would succeed and the prefault would die of SIGBUS: refused as config."""
+    import os
+    import uuid
+
+    from gcache.errors import ConfigError
+    from gcache.server.arena import Arena
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    name = f"gcache-test-room-{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(ConfigError, match="free"):
+            Arena(name=name, size_bytes=(free // SEG + 16) * SEG, segment_size=SEG,
+                  prefault=True, on_evict=lambda segment: None)
+        assert os.stat(f"/dev/shm/{name}").st_blocks == 0        # nothing allocated
+    finally:
+        for suffix in ("", ".key"):
+            if os.path.exists(f"/dev/shm/{name}{suffix}"):
+                os.unlink(f"/dev/shm/{name}{suffix}")
