@@ -1,4 +1,5 @@
-"""``gcache``: the operator's command line (local demo cluster, stat, put, get).
+"""``gcache``: the operator's command line (local demo cluster, stat, put, get, status, top,
+explain).
 
 This package sits above the SDK: it uses ``gcache.sdk`` and starts ``gcache-server`` as
 processes, never running server code in-process (``replay`` reads the arena's record size, a
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gcache.cli import arenas, replay
+from gcache.cli import arenas, explain, replay, top
 from gcache.config import parse_size
 from gcache.errors import GCacheError, InvalidRequest
 
@@ -126,10 +127,12 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    """Each master's view (leader, term, epoch) and the servers of the cluster map."""
+    """Each master's view (leader, term, epoch), the servers of the cluster map and, under
+    each one that has not left, its tiers' usage and reads (its STAT)."""
     import os
 
     from gcache.master_client import STATE_NAMES, MasterClient, parse_masters
+    from gcache.proto import master_pb2 as pb
 
     token = args.token or os.environ.get("GCACHE_TOKEN")
     masters = parse_masters(args.master)
@@ -146,9 +149,13 @@ def _status(args: argparse.Namespace) -> int:
         role = "leader" if reply.is_leader else f"follower (leader {reply.leader_grpc or '?'})"
         print(f"master {address}: {role}, raft term {reply.raft_term}, epoch {reply.epoch}")
         servers = servers or reply.servers
+    stats = top.stats_of([s.address for s in servers or () if s.state != pb.LEFT],
+                         token=token, timeout_s=args.timeout)
     for server in servers or ():
         print(f"server {server.id}: {server.address} {STATE_NAMES.get(server.state, '?')} "
               f"capacity={server.capacity_bytes} host={server.host_id}")
+        if server.address in stats:            # tiers and reads, from the server's STAT
+            print("\n".join(top.tier_lines(stats[server.address])))
     return 0 if servers is not None else 1
 
 
@@ -231,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "put":
             cmd.add_argument("file")
         cmd.set_defaults(run=fn)
-    status = sub.add_parser("status", help="the masters' view of the cluster")
+    status = sub.add_parser("status", help="the masters' view of the cluster, and each "
+                            "server's tier usage and hit rate")
     status.add_argument("--master", required=True, help="HOST:PORT[,HOST:PORT...]")
     status.add_argument("--token", help="cluster token (prefer GCACHE_TOKEN)")
     status.add_argument("--timeout", type=float, default=2.0)
@@ -251,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     topology.set_defaults(run=_topology)
     replay.add_parser(sub)
     arenas.add_parser(sub)
+    top.add_parser(sub)
+    explain.add_parser(sub)
     return parser
 
 
