@@ -12,6 +12,7 @@ from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
+from gcache.kv.load_cost import LoadCost, LoadDecision
 from gcache.kv.page_keys import GROUP_HEAD_TOKENS, head_groups, head_pages, page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
 from gcache.kv.store import KVStore, Probe, SavePlan, SaveResult
@@ -30,6 +31,8 @@ __all__ = [
     "KVStore",
     "LayerArrays",
     "LayerGeometry",
+    "LoadCost",
+    "LoadDecision",
     "LoadHandle",
     "ModelLayout",
     "PinnedPool",

@@ -37,6 +37,10 @@ SETTINGS = {
     "pinned_mb": "vLLM: host memory one worker may pin for staging, in MiB (default 4096)",
     "switch_interval_us": "vLLM: the worker process's GIL switch interval in microseconds, "
                           "lowered to this at most (default 200; 0: left as it is)",
+    "recompute_tokens_per_s": "vLLM: the engine's prefill rate in tokens per second (measured, "
+                              "e.g. from a miss's time to first token); a hit whose measured "
+                              "load would take longer is recomputed instead (default 0: "
+                              "unknown, always load; gcache.kv.LoadCost)",
     "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
               "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
 }

@@ -45,6 +45,7 @@ class LoadHandle:
         self._done = {layer: threading.Event() for layer in self.layers}
         self._ok: dict[int, bool] = {}
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.elapsed_s: float | None = None     # the whole load, start to last layer, once done
 
     def run(self, plan: list[LayerPlan], fetch: Fetch, *,
             group_bytes: int = GROUP_BYTES, group_keys: int = GROUP_KEYS) -> None:

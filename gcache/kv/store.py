@@ -331,7 +331,8 @@ class KVStore:
             handle.run(plan, fetch)
         finally:
             if started_s is not None:
-                LOAD_SECONDS.observe(time.perf_counter() - started_s)
+                handle.elapsed_s = time.perf_counter() - started_s
+                LOAD_SECONDS.observe(handle.elapsed_s)
 
     def load_span(self, layer: int, hit_tokens: int) -> tuple[int, int]:
         """The tokens ``[start, stop)`` of ``layer`` that ``load`` fetches for a hit of

@@ -35,6 +35,7 @@ from typing import Any
 from gcache.kv import (
     GROUP_HEAD_TOKENS,
     KVStore,
+    LoadCost,
     client_from_settings,
     count_setting,
     gcache_settings,
@@ -110,7 +111,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 self.store, self.layout.page_size, probe_timeout_s=self.client.config.timeout_s,
                 always_async=groups > 1,
                 same_host=self._same_host, async_load_tokens=count_setting(
-                    settings, "async_load_tokens", DEFAULT_ASYNC_LOAD_TOKENS))
+                    settings, "async_load_tokens", DEFAULT_ASYNC_LOAD_TOKENS),
+                load_cost=LoadCost(count_setting(settings, "recompute_tokens_per_s", 0)))
         else:
             shorten_gil_switch(settings)
             self.worker = WorkerSide(self.store, self.layout, group_of_layers(kv_cache_config),

@@ -36,6 +36,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from gcache.kv import LoadCost
 from gcache_vllm._compat import get_logger
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 from gcache_vllm.stats import take_delta
@@ -61,12 +62,15 @@ class SchedulerSide:
     def __init__(self, store: Any, page_size: int, *, probe_timeout_s: float,
                  same_host: Callable[[], bool], always_async: bool = False,
                  async_load_tokens: int = DEFAULT_ASYNC_LOAD_TOKENS,
-                 finish_wait_s: float = FINISH_WAIT_S) -> None:
+                 finish_wait_s: float = FINISH_WAIT_S,
+                 load_cost: LoadCost | None = None) -> None:
         self.store = store                          # gcache.kv.KVStore, rank 0's keys
         self.page = page_size
         self.probe_timeout_s, self.same_host = probe_timeout_s, same_host
         self.async_load_tokens, self.finish_wait_s = async_load_tokens, finish_wait_s
         self.always_async = always_async
+        self.load_cost = load_cost or LoadCost()    # the workers' loads feed it (workers_reported)
+        self._slow: set[str] = set()                # req ids whose hit is recomputed: slower
         self._prober = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="gcache-vllm-probe")
         self._probing: set[Any] = set()             # futures not done yet
         self._hits: dict[str, int] = {}             # req id -> matched tokens
@@ -79,7 +83,8 @@ class SchedulerSide:
         self._held_since: dict[str, float] = {}
         self._loaded: set[str] = set()              # an async load was placed: no second one
         self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "lookup_errors": 0,
-                         "lookup_timeouts": 0, "async_loads": 0, "finish_saves": 0}
+                         "lookup_timeouts": 0, "async_loads": 0, "finish_saves": 0,
+                         "skipped_slow_loads": 0}
         self._reported: dict[str, int] = {}
 
     def close(self) -> None:
@@ -100,10 +105,28 @@ class SchedulerSide:
             self.counters["lookup_tokens"] += len(prompt)
             self.counters["hit_tokens"] += self._hits[req_id]
         tokens = max(0, self._hits[req_id] - num_computed_tokens)
+        if tokens and not self._worth_loading(req_id, self._hits[req_id], tokens):
+            return 0, False
         asynchronous = tokens > 0 and (self.always_async or tokens > self.async_load_tokens
                                        or not self.same_host())
         self._asynchronous[req_id] = asynchronous
         return tokens, asynchronous
+
+    def _worth_loading(self, req_id: str, hit: int, tokens: int) -> bool:
+        """False when the measured load of ``hit`` takes longer than the engine computes the
+        ``tokens`` it lacks (``gcache.kv.LoadCost``); decided once per request, so the answer
+        vLLM gets stays the same when it asks again."""
+        if req_id in self._slow:
+            return False
+        decision = self.load_cost.decide(hit, recompute_tokens=tokens)
+        if decision.load:
+            return True
+        self._slow.add(req_id)
+        self.counters["skipped_slow_loads"] += 1
+        log.info("gcache: %s recomputes its %d-token hit: loading it takes about %.0f ms, "
+                 "computing it %.0f ms (gcache_recompute_tokens_per_s)", req_id, tokens,
+                 (decision.load_s or 0) * 1e3, (decision.recompute_s or 0) * 1e3)
+        return False
 
     def _probe(self, req_id: str, prompt: list[int]) -> int:
         limit = (len(prompt) - 1) // self.page * self.page if prompt else 0
@@ -218,6 +241,7 @@ class SchedulerSide:
         for table in (self._hits, self._asynchronous, self._loads, self._held_since):
             table.pop(req_id, None)
         self._loaded.discard(req_id)
+        self._slow.discard(req_id)
         if tracked is None or not tracked.prompt_done:
             return False                       # never scheduled, or stopped mid-prefill
         pages = request.num_computed_tokens // self.page
@@ -229,9 +253,13 @@ class SchedulerSide:
         return True
 
     def workers_reported(self, output: Any) -> None:
-        """vLLM's aggregated worker output: the finish saves every worker has done."""
+        """vLLM's aggregated worker output: the finish saves every worker has done, and the
+        loads they measured (``loads``: [tokens, seconds] of each completed load)."""
         for req_id in getattr(output, "finished_sending", None) or ():
             self._finishing.pop(req_id, None)
+        stats = getattr(output, "kv_connector_stats", None)
+        for tokens, seconds in (getattr(stats, "data", None) or {}).get("loads", ()):
+            self.load_cost.observe(int(tokens), float(seconds))
 
     def take_stats(self) -> dict[str, int]:
         return take_delta(dict(self.counters), self._reported)

@@ -127,7 +127,7 @@ class WorkerSide:
                          "saved_layers": 0, "save_errors": 0, "skipped_saves": 0,
                          "bytes_loaded": 0, "bytes_saved": 0}
         self._reported: dict[str, int] = {}                     # counters at the last report
-        self._samples: dict[str, list[float]] = {"load_wait_s": [], "save_s": []}
+        self._samples: dict[str, list[Any]] = {"load_wait_s": [], "save_s": [], "loads": []}
         self._samples_lock = threading.Lock()     # counters and samples: the saver adds too
 
     # ---- registration -----------------------------------------------------------------------
@@ -215,6 +215,7 @@ class WorkerSide:
             if handle is not None:
                 for name in self.layers:
                     self._apply_layer(name, spec, handle, sink)
+                self._measured(spec, handle)
             sink.release()
             received.add(req_id)
             del self._async_loads[req_id]
@@ -235,10 +236,17 @@ class WorkerSide:
         # until it is done, on CPU as on CUDA. Releasing them first handed those buffers to
         # the next load while still being written, and let a closing client be torn down
         # under a fetch in flight (a heap corruption in the core suite once).
-        for _, handle, sink in self._loads:
+        for spec, handle, sink in self._loads:
             handle.wait()
+            self._measured(spec, handle)
             sink.release()
         self._loads = []
+
+    def _measured(self, spec: LoadSpec, handle: Any) -> None:
+        """A whole load's time, for the scheduler's load-or-recompute choice (LoadCost)."""
+        if handle is not None and handle.elapsed_s and not handle.failed_layers:
+            with self._samples_lock:
+                self._samples["loads"].append([len(spec.token_ids), handle.elapsed_s])
 
     def _fail(self, spec: LoadSpec) -> None:
         """Report every block of the load, or the request where block ids are not unique:

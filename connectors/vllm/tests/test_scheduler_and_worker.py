@@ -227,3 +227,30 @@ def test_stats_reach_vllms_own_kv_transfer_metrics_line(tmp_path, cluster):
     assert figures["loaded_layers"] == "4" and int(figures["bytes_loaded"]) > 0, figures
     assert float(figures["load_wait_max_ms"]) >= 0 and "failed_layers" not in figures
     assert loader.get_kv_connector_stats() is None         # nothing new since
+
+
+@pytest.mark.parametrize("rate, loads", [(10 ** 12, False), (1, True)])
+def test_a_hit_slower_to_load_than_to_compute_is_computed(tmp_path, cluster, rate, loads):
+    """``gcache_recompute_tokens_per_s``: once the workers have reported a measured load (as
+    vLLM passes their stats to the scheduler's connector), a hit whose load would take longer
+    than the engine computes its tokens is recomputed, counted and logged; with a slow enough
+    prefill it still loads."""
+    from vllm.v1.outputs import KVConnectorOutput
+    config, kv_config, _ = engine_pair(tmp_path, cluster, window=None,
+                                       recompute_tokens_per_s=rate)
+    start = 11000 if loads else 13000                          # each case its own prompts
+    first, second = list(range(start, start + 100)), list(range(start + 500, start + 600))
+    save_prompt(config, kv_config, first, seed=8, req_id="a")
+    save_prompt(config, kv_config, second, seed=9, req_id="b")
+    sched = scheduler(config, kv_config)
+    loader, _ = worker(config, kv_config, seed=None)
+    sched.add_request(request("c", first))
+    out, _ = run_step(sched, loader, forward=lambda name: None)
+    assert out.num_scheduled_tokens["c"] == 4                 # nothing measured yet: loaded
+    stats = loader.get_kv_connector_stats()
+    assert stats is not None and len(stats.data["loads"]) == 1
+    sched.connector.update_connector_output(KVConnectorOutput(kv_connector_stats=stats))
+    sched.add_request(request("d", second))
+    out, _ = run_step(sched, loader, forward=lambda name: None)
+    assert out.num_scheduled_tokens["d"] == (4 if loads else 100)
+    assert sched.connector.scheduler.counters["skipped_slow_loads"] == (0 if loads else 1)
