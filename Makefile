@@ -16,7 +16,7 @@ VLL_DIR   := connectors/vllm
 MC_VENV   := .venv-mooncake
 MC_STAMP  := $(MC_VENV)/.installed
 
-.PHONY: run test lint test-core test-fault test-sglang test-vllm test-vllm-interface \
+.PHONY: run test lint system-tools test-core test-fault test-sglang test-vllm test-vllm-interface \
 	test-vllm-engine envs bench bench-engine run-engine replay redis mooncake proto soak clean \
 	gpu-check gpu-wheels
 
@@ -50,7 +50,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check gcache tests bench connectors
 	$(VENV)/bin/mypy
 
-test-core: $(STAMP)
+# tests/deploy checks the systemd units with systemd's own tools (Debian's systemd and
+# util-linux packages); a machine without them gets them here, not a skipped test.
+system-tools:
+	@command -v systemd-analyze >/dev/null && command -v systemd-sysusers >/dev/null && \
+	  command -v findmnt >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd util-linux)
+
+test-core: $(STAMP) system-tools
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
 
 test-fault: $(STAMP)
