@@ -24,12 +24,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.syncobj import SyncObjException
 
 from gcache.errors import Unavailable
 from gcache.master.state import ClusterState, Command, Result
 
 ROLE_REFRESH_S = 0.005    # how stale is_leader / leader / term may be (a Raft tick is ~1 ms)
+# pysyncobj caches a peer's DNS answer for 600 s (a failed lookup for 30 s): a member rescheduled
+# under the same name with a new address (a Kubernetes StatefulSet pod) would be unreachable to
+# the others for up to ten minutes. Peers' names are re-resolved this often instead.
+DNS_CACHE_S, DNS_FAIL_CACHE_S = 5.0, 1.0
 
 
 class _Replica(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type information
@@ -73,6 +78,7 @@ class RaftGroup:
                  token: str | None = None,
                  election_timeout_s: tuple[float, float] = (0.4, 1.4)) -> None:
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        globalDnsResolver().setTimeouts(DNS_CACHE_S, DNS_FAIL_CACHE_S)
         conf = SyncObjConf(journalFile=os.path.join(data_dir, "raft.journal"),
                            fullDumpFile=os.path.join(data_dir, "raft.dump"),
                            raftMinTimeout=election_timeout_s[0],
