@@ -254,11 +254,11 @@ class SchedulerSide:
 
     def workers_reported(self, output: Any) -> None:
         """vLLM's aggregated worker output: the finish saves every worker has done, and the
-        loads they measured (``loads``: [tokens, seconds] of each completed load)."""
+        loads they measured (``load_times``: [tokens, seconds] of each completed load)."""
         for req_id in getattr(output, "finished_sending", None) or ():
             self._finishing.pop(req_id, None)
         stats = getattr(output, "kv_connector_stats", None)
-        for tokens, seconds in (getattr(stats, "data", None) or {}).get("loads", ()):
+        for tokens, seconds in (getattr(stats, "data", None) or {}).get("load_times", ()):
             self.load_cost.observe(int(tokens), float(seconds))
 
     def take_stats(self) -> dict[str, int]:

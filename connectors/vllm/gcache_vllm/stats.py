@@ -13,7 +13,7 @@ from typing import Any
 
 from gcache_vllm._compat import KVConnectorStats
 
-SAMPLES = ("load_wait_s", "save_s", "loads")     # "loads": [tokens, seconds] of each load
+SAMPLES = ("load_wait_s", "save_s", "load_times")   # load_times: [tokens, seconds] per load
 
 
 @dataclass
@@ -32,7 +32,7 @@ class GCacheStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {}
         for key, value in sorted(self.data.items()):
-            if key == "loads":
+            if key == "load_times":
                 tokens = sum(t for t, _ in value)
                 if tokens:              # what the scheduler weighs against recomputing them
                     out["load_us_per_token"] = round(1e6 * sum(s for _, s in value) / tokens, 3)

@@ -127,7 +127,7 @@ class WorkerSide:
                          "saved_layers": 0, "save_errors": 0, "skipped_saves": 0,
                          "bytes_loaded": 0, "bytes_saved": 0}
         self._reported: dict[str, int] = {}                     # counters at the last report
-        self._samples: dict[str, list[Any]] = {"load_wait_s": [], "save_s": [], "loads": []}
+        self._samples: dict[str, list[Any]] = {"load_wait_s": [], "save_s": [], "load_times": []}
         self._samples_lock = threading.Lock()     # counters and samples: the saver adds too
 
     # ---- registration -----------------------------------------------------------------------
@@ -246,7 +246,7 @@ class WorkerSide:
         """A whole load's time, for the scheduler's load-or-recompute choice (LoadCost)."""
         if handle is not None and handle.elapsed_s and not handle.failed_layers:
             with self._samples_lock:
-                self._samples["loads"].append([len(spec.token_ids), handle.elapsed_s])
+                self._samples["load_times"].append([len(spec.token_ids), handle.elapsed_s])
 
     def _fail(self, spec: LoadSpec) -> None:
         """Report every block of the load, or the request where block ids are not unique:

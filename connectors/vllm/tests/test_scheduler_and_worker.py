@@ -248,7 +248,7 @@ def test_a_hit_slower_to_load_than_to_compute_is_computed(tmp_path, cluster, rat
     out, _ = run_step(sched, loader, forward=lambda name: None)
     assert out.num_scheduled_tokens["c"] == 4                 # nothing measured yet: loaded
     stats = loader.get_kv_connector_stats()
-    assert stats is not None and len(stats.data["loads"]) == 1
+    assert stats is not None and len(stats.data["load_times"]) == 1
     sched.connector.update_connector_output(KVConnectorOutput(kv_connector_stats=stats))
     sched.add_request(request("d", second))
     out, _ = run_step(sched, loader, forward=lambda name: None)
