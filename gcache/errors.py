@@ -19,7 +19,8 @@
     │       └── NotLeader (.leader)  every member answered, none could serve (an election)
     ├── StartFailed            a local gcache-master or gcache-server process did not come up
     ├── DeviceError            a CUDA call failed
-    └── MissingDependency      an optional library a feature needs is not installed
+    ├── MissingDependency      an optional library a feature needs is not installed
+    └── NoInstance             the router has no healthy engine instance for a request
 
 A class that stands where Python would raise a builtin also derives from it, so that callers'
 ``except ValueError`` keeps working: ConfigError and InvalidRequest (so WrongType too) are
@@ -157,3 +158,7 @@ class DeviceError(GCacheError, RuntimeError):
 class MissingDependency(GCacheError, RuntimeError):
     """A feature needs an optional library that is not installed; the message says how to get
     it (``pip install 'gcache[plot]'``)."""
+
+
+class NoInstance(GCacheError):
+    """The router has no healthy engine instance to send a request to."""

@@ -17,6 +17,8 @@ BANNED = {
            "gcache_sglang", "gcache_vllm"),
     # the command line drives every layer, but never an engine's plugin or torch at import
     "cli": ("gcache_sglang", "gcache_vllm", "torch"),
+    "router": ("gcache.server", "gcache.master", "gcache.transport", "gcache.cli",
+               "gcache_sglang", "gcache_vllm"),
 }
 # ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
 PACKAGE_INIT_ALLOWED = ("typing",)
