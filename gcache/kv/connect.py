@@ -26,7 +26,8 @@ SETTINGS = {
     "io_threads": "SDK IO threads (default 4)",
     "verify_arena_reads": "true: also hash values copied out of a server's arena (shm, NIXL); "
                           "default false: the server hashed them at COMMIT (docs/protocol.md)",
-    "group_width": "servers one placement group is striped over (default 2)",
+    "group_width": "servers one placement group is striped over (default 2; with masters, "
+                   "the masters' --group-width in the cluster map wins)",
     "namespace": "an extra label that separates tenants sharing one cluster",
     "group_head_tokens": "tokens at the start of a sequence placed with its first page (the "
                          "shared head, e.g. a system prompt: make it cover the longest one); "
