@@ -6,6 +6,10 @@ cluster per policy and budget, with every value scaled down by ``--scale`` (the 
 per token divided, ratios kept) so that the budgets fit in this machine's memory; it replays the
 same requests in the model too, so the two columns compare like with like.
 
+Every source gets an ``optimal`` row (``gcache.kv.optimal``) for the same requests and budgets,
+and its rows their fraction of it; where the optimum is not computed exactly, the line after the
+table gives the hit rate an offline schedule reaches, so the optimum lies between the two.
+
 The cluster's budget is its arena: ``budget × working set / scale`` of value bytes split over
 the servers, in segments small enough that first-in-first-out reclaims at a fine grain. The
 arena also holds each object's record header and key, which the model does not count; the arena
@@ -25,16 +29,20 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gcache.kv import KVStore, ModelLayout
+from gcache.kv.optimal import OptimalBound
 from gcache.kv.replay import (
     DEFAULT_BUDGETS,
     DEFAULT_POLICIES,
+    OPTIMAL,
     PreparedTrace,
     ReplayRow,
     format_table,
+    optimal_bounds,
     plot_curves,
     prepare,
     replay_model,
     rows_for_budget,
+    with_optimal,
     write_json,
 )
 from gcache.kv.trace import BLOCK_SIZE, iter_tokens, read_trace
@@ -104,6 +112,39 @@ def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budget
     return rows
 
 
+def timed_bounds(trace: PreparedTrace,
+                 budgets: list[float]) -> tuple[dict[float, OptimalBound], float]:
+    """``optimal_bounds`` and the seconds they took."""
+    started = time.monotonic()
+    bounds = optimal_bounds(trace, budgets)
+    return bounds, time.monotonic() - started
+
+
+def optimal_meta(trace: PreparedTrace, bounds: dict[float, OptimalBound],
+                 seconds: float) -> dict[str, object]:
+    """The optimal rows' bounds per budget, for the JSON's meta."""
+    tokens = trace.layout.page_size / trace.input_tokens
+    return {"seconds": round(seconds, 1), "budgets": [
+        {"budget_fraction": b, "hit_rate": round(o.bound_pages * tokens, 6),
+         "achieved_hit_rate": round(o.achieved_pages * tokens, 6), "exact": o.exact,
+         "bound_pages": o.bound_pages, "achieved_pages": o.achieved_pages,
+         "every_hit_fraction": round(o.peak_bytes / trace.working_set_bytes, 6)}
+        for b, o in bounds.items()]}
+
+
+def describe(trace: PreparedTrace, bounds: dict[float, OptimalBound]) -> str:
+    """One line on the optimal rows: where they are exact, the bracket where they are not."""
+    tokens = trace.layout.page_size / trace.input_tokens
+    exact = [f"{b:.1%}" for b, o in bounds.items() if o.exact]
+    parts = [f"exact at {', '.join(exact)}"] if exact else []
+    parts += [f"at {b:.1%} between {o.achieved_pages * tokens:.4f} (an offline schedule) and "
+              f"{o.bound_pages * tokens:.4f}, {o.bound_pages - o.achieved_pages} pages apart"
+              for b, o in bounds.items() if not o.exact]
+    peak = max((o.peak_bytes for o in bounds.values()), default=0)
+    parts.append(f"every hit fits in {peak / trace.working_set_bytes:.3%} of the working set")
+    return "; ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     layout = ModelLayout.from_config(args.model, page_size=BLOCK_SIZE)
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -119,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
           f"model {layout.model} ({len(layout.full_layers)} full + {len(layout.swa_layers)} "
           f"sliding layers, W={layout.window}, page {layout.page_size}), full-layer working "
           f"set {full.working_set_bytes / 2**40:.2f} TiB")
-    rows = replay_model(full, policies, budgets)
+    bounds, seconds = timed_bounds(full, budgets)
+    rows = with_optimal(replay_model(full, policies, budgets), full, bounds, source="model")
+    optima = {"model": (full, bounds, seconds)}
     if args.cluster:
         subset = prepare(requests[:args.cluster_requests], layout)
         cluster_budgets = [float(b) for b in args.cluster_budgets.split(",")]
@@ -128,14 +171,21 @@ def run(args: argparse.Namespace) -> int:
         model_rows = replay_model(subset, policies, cluster_budgets)
         cluster_rows = replay_cluster(subset, args.scale, policies, cluster_budgets,
                                       servers=args.servers)
-        rows += [replace(r, source="model-subset") for r in model_rows]
-        rows += cluster_rows
         worst = max(abs(c.hit_rate - m.hit_rate) for c, m in zip(cluster_rows, model_rows))
+        subset_bounds, seconds = timed_bounds(subset, cluster_budgets)
+        rows += with_optimal([replace(r, source="model-subset") for r in model_rows], subset,
+                             subset_bounds, source="model-subset")
+        rows += [r for r in with_optimal(cluster_rows, subset, subset_bounds, source="cluster")
+                 if r.policy != OPTIMAL]       # the model-subset's optimal row serves both
+        optima["model-subset"] = (subset, subset_bounds, seconds)
         print(f"gcache replay: largest model/cluster difference {worst * 100:.2f} points")
     print(format_table(rows))
+    for source, (trace, found, seconds) in optima.items():
+        print(f"gcache replay: {source} optimal ({seconds:.1f} s): {describe(trace, found)}")
     meta = {"trace": args.trace, "model": layout.model, "requests": len(requests),
             "page_size": layout.page_size, "window": layout.window,
             "working_set_bytes": full.working_set_bytes, "scale": args.scale,
+            "optimal": {source: optimal_meta(*optimum) for source, optimum in optima.items()},
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.monotonic() - started, 1)}
     if args.out:
         write_json(rows, args.out, **meta)

@@ -6,11 +6,18 @@ reclaims its oldest segment). It shares the page hashing, the window-safe rule a
 policies with ``KVStore``, so a replay here and a replay on a real cluster differ only in what
 the model leaves out: per-layer objects, segment granularity, per-server budgets and record
 headers. ``gcache replay --cluster`` measures how far apart that puts them.
+
+It also measures what the eviction wastes: a page is *unreachable* while a page before it in its
+prefix is gone, and so is a tail while any page of its prefix is gone; neither can hit until a
+request writes the missing page again. ``Reachability`` keeps the reachable bytes as units come
+and go (a walk over the pages below the one that came or went, never a scan of the store), and
+``StoreModel`` sums held and unreachable bytes at every lookup.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gcache.kv.layout import ModelLayout
@@ -21,11 +28,13 @@ from gcache.kv.window import leading, safe_boundary
 class FifoBudget:
     """Units of known size, evicted oldest first once their total passes ``budget_bytes``."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int,
+                 on_change: Callable[[bytes, int], None] | None = None) -> None:
         self.budget_bytes = budget_bytes
         self.used_bytes = 0
         self.evicted = 0
         self._units: OrderedDict[bytes, int] = OrderedDict()
+        self._on_change = on_change        # (unit, +size) when stored, (unit, -size) evicted
 
     def __contains__(self, unit: bytes) -> bool:
         return unit in self._units
@@ -38,11 +47,72 @@ class FifoBudget:
             return False
         self._units[unit] = size_bytes
         self.used_bytes += size_bytes
+        if self._on_change:
+            self._on_change(unit, size_bytes)
         while self.used_bytes > self.budget_bytes:
-            _, size = self._units.popitem(last=False)
+            old, size = self._units.popitem(last=False)
             self.used_bytes -= size
             self.evicted += 1
+            if self._on_change:
+                self._on_change(old, -size)
         return True
+
+
+class Reachability:
+    """The bytes of held units whose prefix is whole: pages whose every earlier page is held,
+    tails whose every page is held. Units are ``b"p" + hash`` and ``b"t" + hash``.
+
+    Invariant: ``whole`` is the set of held pages with every ancestor held, and a held child of
+    a whole page is whole; so a page that comes or goes walks only the held pages below it.
+    """
+
+    def __init__(self, page_bytes: int) -> None:
+        self.page_bytes = page_bytes
+        self.reachable_bytes = 0
+        self._parent: dict[bytes, bytes | None] = {}
+        self._kids: dict[bytes, set[bytes]] = {}     # held children of a page
+        self._tails: dict[bytes, int] = {}           # held tails and their bytes
+        self._whole: set[bytes] = set()
+
+    def learn(self, hashes: list[bytes]) -> None:
+        """Record each page's parent (the hash before it), before any of them is stored."""
+        for i, h in enumerate(hashes):
+            self._parent.setdefault(h, hashes[i - 1] if i else None)
+
+    def change(self, unit: bytes, size_bytes: int) -> None:
+        """A unit was stored (``size_bytes`` > 0) or evicted (< 0)."""
+        node = unit[1:]
+        if unit[:1] == b"t":
+            if size_bytes > 0:
+                self._tails[node] = size_bytes
+            else:
+                del self._tails[node]
+            if node in self._whole:
+                self.reachable_bytes += size_bytes
+            return
+        parent = self._parent[node]
+        if size_bytes > 0:
+            if parent is not None:
+                self._kids.setdefault(parent, set()).add(node)
+            if parent is None or parent in self._whole:
+                self._walk(node, 1)
+        else:
+            if parent is not None:
+                self._kids[parent].discard(node)
+            if node in self._whole:
+                self._walk(node, -1)
+
+    def _walk(self, node: bytes, sign: int) -> None:
+        """Make ``node`` and the held pages below it whole (+1) or no longer whole (-1)."""
+        stack = [node]
+        while stack:
+            page = stack.pop()
+            if sign > 0:
+                self._whole.add(page)
+            else:
+                self._whole.discard(page)
+            self.reachable_bytes += sign * (self.page_bytes + self._tails.get(page, 0))
+            stack.extend(self._kids.get(page, ()))
 
 
 @dataclass(slots=True)
@@ -56,18 +126,32 @@ class StoreModel:
 
     def __init__(self, layout: ModelLayout, policy: StorePolicy, budget_bytes: int) -> None:
         self.layout, self.policy = layout, policy
-        self.units = FifoBudget(budget_bytes)
         self.stored_bytes = 0           # every byte ever written (the store's write volume)
+        self.held_bytes_seen = 0        # Σ over lookups of the bytes held
+        self.unreachable_bytes_seen = 0  # Σ over lookups of the bytes held that cannot hit
         full_layer = policy.full_layer
         self._page_bytes = layout.all_layers_page_bytes() if full_layer \
             else layout.full_page_bytes()
         self._has_pages = full_layer or bool(layout.full_layers)
         self._has_tails = not full_layer and bool(layout.swa_layers)
+        # Without paged layers a tail needs no page: every held byte can hit.
+        self._reach = Reachability(self._page_bytes) if self._has_pages else None
+        self.units = FifoBudget(budget_bytes, self._reach.change if self._reach else None)
         self._gauge = PressureGauge()
+
+    @property
+    def unreachable_share(self) -> float:
+        """Bytes held that could not hit over bytes held, summed over every lookup so far."""
+        return self.unreachable_bytes_seen / self.held_bytes_seen if self.held_bytes_seen \
+            else 0.0
 
     def request(self, hashes: list[bytes]) -> ModelOutcome:
         """Look a request's full pages up, then save them as the engine would after prefill."""
         n = len(hashes)
+        self.held_bytes_seen += self.units.used_bytes
+        if self._reach is not None:
+            self.unreachable_bytes_seen += self.units.used_bytes - self._reach.reachable_bytes
+            self._reach.learn(hashes)
         present = [b"p" + h in self.units for h in hashes] if self._has_pages else None
         shared = leading(present) if present is not None else 0
         tail = (lambda b: b"t" + hashes[b - 1] in self.units) if self._has_tails else None

@@ -64,14 +64,16 @@ def test_replay_command_writes_rows_and_a_png(tmp_path):
                            "--limit", "150", "--budgets", "0.05,1", "--out", str(out),
                            "--plot", str(png)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "adaptive *" in proc.stdout
+    assert "adaptive *" in proc.stdout and "model optimal" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert {tuple(sorted(r)) for r in rows} == {tuple(sorted(
         ["policy", "budget_fraction", "hit_rate", "stored_bytes", "storage_ratio", "is_default",
-         "source", "requests"]))}
+         "source", "requests", "of_optimal", "unreachable_share"]))}
     assert {r["policy"] for r in rows} == {"full-layer", "tail", "checkpoint-4",
-                                          "checkpoint-16", "adaptive"}
-    assert len(rows) == 10 and sum(r["is_default"] for r in rows) == 2
+                                          "checkpoint-16", "adaptive", "optimal"}
+    assert len(rows) == 12 and sum(r["is_default"] for r in rows) == 2
+    optimal = {r["budget_fraction"]: r["hit_rate"] for r in rows if r["policy"] == "optimal"}
+    assert all(r["hit_rate"] <= optimal[r["budget_fraction"]] for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
