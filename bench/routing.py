@@ -70,6 +70,7 @@ from results_file import write_results
 
 from gcache.errors import ConfigError, InvalidRequest
 from gcache.kv.layout import ModelLayout
+from gcache.kv.trace import read_trace
 
 BLOCK_TOKENS = 512                      # tokens per trace hash id
 BOUNDS = (65_536, 262_144, 1_048_576)   # upper ends of the three buckets, tokens
@@ -134,35 +135,15 @@ class Job:
 
 
 def read_jobs(path: str, limit: int | None, stretch: int) -> list[Job]:
-    """The trace's requests, ``limit`` at most, lengths and blocks stretched. Raises
-    ``ConfigError`` naming a malformed line."""
+    """The trace's requests (read as the replay reads them, ``gcache.kv.trace``), ``limit`` at
+    most, lengths and blocks stretched. Raises ``ConfigError`` naming a malformed line."""
     jobs = []
-    try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("trace", path, f"cannot be opened: {exc.strerror}") from exc
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(jobs) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                tokens = int(obj["input_length"]) * stretch
-                ids = [int(h) for h in obj["hash_ids"]]
-                arrival, output = int(obj["timestamp"]), max(1, int(obj["output_length"]))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError("trace", f"{path}:{lineno}", f"needs timestamp, input_length, "
-                                  f"output_length and hash_ids ({exc})") from exc
-            if tokens < 1:
-                raise ConfigError("trace", f"{path}:{lineno}", "input_length must be positive")
-            blocks = tuple(h * stretch + j for h in ids for j in range(stretch))
-            blocks = blocks[:tokens // BLOCK_TOKENS]
-            jobs.append(Job(arrival, tokens, output, blocks,
-                            min(len(blocks), (tokens - 1) // BLOCK_TOKENS)))
-    if not jobs:
-        raise ConfigError("trace", path, "holds no requests")
+    for request in read_trace(path, limit=limit):
+        tokens = request.input_length * stretch
+        blocks = tuple(h * stretch + j for h in request.hash_ids for j in range(stretch))
+        blocks = blocks[:tokens // BLOCK_TOKENS]
+        jobs.append(Job(request.timestamp_ms, tokens, max(1, request.output_length), blocks,
+                        min(len(blocks), (tokens - 1) // BLOCK_TOKENS)))
     return jobs
 
 

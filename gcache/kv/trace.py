@@ -28,6 +28,7 @@ class TraceRequest:
     timestamp_ms: int
     input_length: int
     hash_ids: tuple[int, ...]
+    output_length: int = 0       # tokens generated (the routing simulator's decode work)
 
 
 def read_trace(path: str, *, limit: int | None = None,
@@ -61,7 +62,11 @@ def _parse(line: str, lineno: int, index: int, path: str, block_size: int) -> Tr
     if length < 1 or len(ids) < blocks:
         raise ConfigError("trace", f"{path}:{lineno}", f"input_length {length} needs {blocks} "
                           f"hash_ids of {block_size} tokens; got {len(ids)}")
-    return TraceRequest(index, int(obj.get("timestamp", 0)), length, ids[:blocks])
+    try:
+        output = int(obj.get("output_length", 0))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("trace", f"{path}:{lineno}", f"output_length: {exc}") from exc
+    return TraceRequest(index, int(obj.get("timestamp", 0)), length, ids[:blocks], output)
 
 
 def block_tokens(hash_id: int, block_size: int = BLOCK_SIZE) -> np.ndarray:
