@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, TransportError
 from gcache.frame import VERSION
-from gcache.master_client import MasterClient
+from gcache.master_client import MasterClient, backoff_s
 from gcache.placement import PlacedMap, Placement
+from gcache.proto import master_pb2 as pb
 from gcache.server.cold_store import ColdStore
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from gcache.transport.nixl import NixlAgent
 
 log = logging.getLogger(__name__)
+
+MAP_CATCH_UP_ATTEMPTS = 12     # about 4 s of backoff for a lagging member to catch up
 
 
 class HelloFacts(TypedDict):
@@ -110,7 +113,6 @@ class DataServer:
             self.membership.start()
 
     def _membership(self, shm_name: str) -> Membership:
-        from gcache.proto import master_pb2 as pb
         places = [os.path.join(d, f"{shm_name}.id") for d in (self.config.disk_dir, "/dev/shm")
                   if d]
         server_id = load_or_create_id(places)
@@ -129,22 +131,38 @@ class DataServer:
         if epoch != self._map_epoch:
             self._map_epoch = epoch
             if self.mutable.count():
-                threading.Thread(target=self._drop_disowned, name="gcache-disowned",
-                                 daemon=True).start()
+                threading.Thread(target=self._drop_disowned, args=(epoch,),
+                                 name="gcache-disowned", daemon=True).start()
 
-    def _drop_disowned(self) -> None:
-        """After a map change: delete the mutable keys another server owns now (a key put
-        there next would be newer than ours, and could come back to us: ``mutable_keys``)."""
+    def _drop_disowned(self, epoch: int) -> None:
+        """After a map change to ``epoch``: delete the mutable keys another server owns now (a
+        key put there next would be newer than ours, and could come back to us:
+        ``mutable_keys``). Only by a map of that epoch or later: any member answers the map,
+        and one that lags the leader by a few entries would still give a draining server its
+        keys, so this server would drop the very keys the drain is handing it."""
         with self._disowning:                 # one pass at a time; a later change runs next
             try:
-                with MasterClient(self.config.master, token=self.config.token) as masters:
-                    placed = PlacedMap.of_map(masters.cluster_map(), Placement())
+                cluster_map = self._map_at_least(epoch)
             except GCacheError as exc:
                 log.warning("mutable_keys.no_map error=%s", exc)
                 return
+            if cluster_map is None:
+                log.warning("mutable_keys.stale_map epoch<%d: nothing dropped", epoch)
+                return
+            placed = PlacedMap.of_map(cluster_map, Placement())
             assert self.membership is not None     # only membership's answers run this
             me = self.membership.record.id
             self.mutable.drop_unless(lambda key, group: placed.owner_id(key, group) == me)
+
+    def _map_at_least(self, epoch: int) -> pb.ClusterMap | None:
+        """The masters' map once one of ``epoch`` or later answers (bounded); else None."""
+        with MasterClient(self.config.master, token=self.config.token) as masters:
+            for attempt in range(MAP_CATCH_UP_ATTEMPTS):
+                cluster_map = masters.cluster_map()
+                if cluster_map.epoch >= epoch:
+                    return cluster_map
+                time.sleep(backoff_s(attempt, base_s=0.05, cap_s=0.5))
+        return None
 
     def _membership_changed(self, state: str) -> None:
         """A drain starts the handoff once; having left, the server stops (exit code 0)."""
