@@ -106,12 +106,8 @@ class ServerConfig:
                "must be segments or blobs")
         for address in self.master:
             _check("master", address, _is_address(address), "each must be HOST:PORT")
-        _check("advertise", self.advertise, not self.advertise or _is_address(self.advertise),
-               "must be HOST:PORT or empty")
-        _check("advertise", self.advertise,
-               not (self.master and not self.advertise and _is_wildcard(self.listen)),
-               f"must name the HOST:PORT clients reach: listen={self.listen} is every address, "
-               "which the masters would hand to clients as this server's")
+        _check_advertise(self.advertise, self.listen, handed_out=bool(self.master),
+                         to="clients", as_what="this server's")
         _check("heartbeat_interval_s", self.heartbeat_interval_s, self.heartbeat_interval_s > 0,
                "must be positive")
         _check("segment_size", self.segment_size, self.segment_size >= 64 * KiB,
@@ -236,12 +232,8 @@ class MasterConfig:
                "must be HOST:PORT or empty")
         for key in ("listen", "raft"):
             _check(key, getattr(self, key), _is_address(getattr(self, key)), "must be HOST:PORT")
-        _check("advertise", self.advertise, not self.advertise or _is_address(self.advertise),
-               "must be HOST:PORT or empty")
-        _check("advertise", self.advertise,
-               not (self.peers and not self.advertise and _is_wildcard(self.listen)),
-               f"must name the HOST:PORT callers reach: listen={self.listen} is every address, "
-               "which followers would name as the leader's")
+        _check_advertise(self.advertise, self.listen, handed_out=bool(self.peers),
+                         to="callers", as_what="the leader's")
         for address in self.peers:
             _check("peers", address, _is_address(address), "each must be HOST:PORT")
         _check("peers", self.peers, len(self.peers) in (0, 1, 3, 5),
@@ -273,6 +265,17 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _check_advertise(advertise: str, listen: str, *, handed_out: bool, to: str,
+                     as_what: str) -> None:
+    """``advertise`` is HOST:PORT or empty, and set when ``listen`` is every address while
+    others hand the address out (the masters' map, a follower's redirect)."""
+    _check("advertise", advertise, not advertise or _is_address(advertise),
+           "must be HOST:PORT or empty")
+    _check("advertise", advertise, not (handed_out and not advertise and _is_wildcard(listen)),
+           f"must name the HOST:PORT {to} reach: listen={listen} is every address, which "
+           f"others would hand out as {as_what}")
 
 
 def _is_wildcard(address: str) -> bool:

@@ -24,7 +24,7 @@ from gcache.master.liveness import Liveness
 from gcache.master.metrics import timed
 from gcache.master.raft import RaftGroup
 from gcache.master.state import Applied, Command, Drain, Leave, Refused, Register, ServerRecord
-from gcache.master_client import LEADER_KEY, TOKEN_KEY
+from gcache.master_client import LEADER_KEY, STATE_NAMES, TOKEN_KEY
 from gcache.placement import Placement
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
@@ -34,8 +34,7 @@ log = logging.getLogger(__name__)
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 
-STATE_TO_PB = {"alive": pb.ALIVE, "suspect": pb.SUSPECT, "dead": pb.DEAD,
-               "draining": pb.DRAINING, "left": pb.LEFT}
+STATE_TO_PB = {name: state for state, name in STATE_NAMES.items()}   # the one table, inverted
 
 
 def server_pb(record: ServerRecord) -> pb.Server:
