@@ -2,8 +2,9 @@
 values by NIXL READ / WRITE of the server's registered arena (``gcache.transport.nixl``).
 
 A buffer the caller registered (``Client.register_buffer``) is the transfer's own end: the NIC
-reads or writes it directly, as ``io_size`` requests a few at a time, each piece hashed while
-the others travel; a CUDA tensor registered as VRAM is GPU Direct. Any other host
+reads or writes it directly: an unhashed read as one request of ``io_size`` descriptors (the
+bare loop's shape), a hashed read or a write as ``io_size`` requests a few at a time, each
+piece hashed while the others travel; a CUDA tensor registered as VRAM is GPU Direct. Any other host
 buffer moves through the client's bounce slots, one ``io_size`` piece at a time, copied (and
 hashed) while the piece is cache-warm; any other CUDA tensor is staged through pinned host
 memory first, as on TCP. Writes hash the value before it leaves and COMMIT has the server hash
@@ -89,6 +90,11 @@ class NixlExchange(LeasedExchange):
         target = np.frombuffer(out, dtype=np.uint8, count=extent.length)
         hasher = checksum_stream() if verify else None
         if self.agent.covering(target.ctypes.data, extent.length) is not None:
+            if hasher is None:         # nothing to overlap: one request, as the bare loop
+                self._move("READ", Region(target.ctypes.data, extent.length), remote,
+                           extent.length)
+                return True
+
             def hashed(start: int, size: int) -> None:     # while later pieces travel
                 if hasher is not None:
                     hasher.update(target[start:start + size])  # type: ignore[arg-type]
