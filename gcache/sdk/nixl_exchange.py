@@ -95,12 +95,13 @@ class NixlExchange(LeasedExchange):
                            extent.length)
                 return True
 
+            stream = hasher                      # narrowed to a hasher for the closure
+
             def hashed(start: int, size: int) -> None:     # while later pieces travel
-                if hasher is not None:
-                    hasher.update(target[start:start + size])  # type: ignore[arg-type]
+                stream.update(target[start:start + size])  # type: ignore[arg-type]
 
             self._pipelined("READ", target.ctypes.data, remote, extent.length, after=hashed)
-            return hasher is None or hasher.intdigest() == extent.checksum
+            return stream.intdigest() == extent.checksum
         for start, size in self._pieces(extent.length, self.bounce.slot_bytes):
             slot = self.bounce.take(self._timeout_s)
             try:
