@@ -83,7 +83,7 @@ def cold_format(directory: str, disk_format: str, total: int, chunk: int) -> dic
             handle, _, target = store.alloc(f"k{i}".encode(), chunk)
             target[:] = values[i % 8]
             store.commit(handle, checksum(values[i % 8]))
-        entries = [store.hot._index[f"k{i}".encode()] for i in range(n)]
+        entries = [store.hot.entry(f"k{i}".encode()) for i in range(n)]
         start = time.perf_counter()
         demoted = store.demote(entries)
         store.cold.sync()

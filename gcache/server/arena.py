@@ -44,6 +44,7 @@ import mmap
 import os
 import struct
 import uuid
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,10 +53,12 @@ import numpy as np
 from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT, format_size
 from gcache.errors import ConfigError, NoSpace
 
-# magic, state, reserved, key_len, length, checksum, seq, group (xxh3_64 of the placement
-# group the key was put with; 0 for none: a draining server needs it to find each key's owner),
-# header check (``header_check``).
 log = logging.getLogger(__name__)
+
+# magic, state, read (leased since written; outside the check, so marking it rewrites nothing),
+# key_len, length, checksum, seq, group (xxh3_64 of the placement group the key was put with; 0
+# for none: a draining server needs it to find each key's owner), header check
+# (``header_check``).
 
 RECORD = struct.Struct("<IBBHQQQQQ")
 RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"GOBJ" no group)
@@ -66,6 +69,7 @@ STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 # value bytes stay, for readers holding a lease), so at most one record per key is COMMITTED and
 # a restart can never take an older version for the current one.
 STATE_SUPERSEDED = 4
+_LENGTH = struct.Struct("<Q")        # a record's length (at 8) or sequence number (at 24)
 SEGMENT = struct.Struct("<IIQQQ")    # magic, span, claim record seq, age, check
 SEGMENT_MAGIC = 0x32475347           # b"GSG2" (b"GSEG" had one copy and no check)
 _SEGMENT_CHECKED = struct.Struct("<IQQ")
@@ -147,6 +151,17 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class RecordFields:
+    key: bytes
+    length: int
+    checksum: int
+    seq: int
+    group: int
+    state: int
+    read: bool           # leased since it was written (``mark_read``)
+
+
 @dataclass(slots=True)
 class Segment:
     index: int
@@ -155,7 +170,9 @@ class Segment:
     pins: int = 0                 # leases and writes in flight (heads only)
     span: int = 1                 # segments in this span (heads only)
     head: int = -1                # index of the span's head; -1 when free
-    keys: list[bytes] = field(default_factory=list)   # keys with a record here (heads only)
+    # the index's hashes of the keys committed here (heads only), so that evicting the span
+    # finds their index slots without a key object per record or a scan of the whole index
+    hashes: array[int] = field(default_factory=lambda: array("Q"))
     clean: bool = False           # its live records are safe elsewhere (demoted or re-appended)
 
 
@@ -303,12 +320,13 @@ class Arena:
         self._next_record_seq += 1
         return seq
 
-    def restore(self, heads: list[tuple[int, int, int, int, list[bytes]]],
+    def restore(self, heads: list[tuple[int, int, int, int, array[int]]],
                 max_record_seq: int) -> None:
-        """Adopt spans found by recovery: (start, span, age, fill, keys) each; none is open."""
-        for start, span, age, fill, keys in heads:
+        """Adopt spans found by recovery: (start, span, age, fill, hashes) each; none is
+        open."""
+        for start, span, age, fill, hashes in heads:
             head = self.segments[start]
-            head.seq, head.span, head.fill, head.pins, head.keys = age, span, fill, 0, keys
+            head.seq, head.span, head.fill, head.pins, head.hashes = age, span, fill, 0, hashes
             for index in range(start, start + span):
                 self.segments[index].head = start
             self._next_seq = max(self._next_seq, age + 1)
@@ -362,7 +380,7 @@ class Arena:
         for index in range(head.index, head.index + head.span):
             seg = self.segments[index]
             seg.head, seg.seq, seg.fill, seg.span, seg.pins = -1, -1, 0, 1, 0
-        head.keys = []
+        head.hashes = array("Q")
 
     # ---- records ----------------------------------------------------------------------------
 
@@ -379,6 +397,32 @@ class Arena:
 
     def set_record_state(self, offset: int, state: int) -> None:
         self.view[offset + 4] = state
+
+    def mark_read(self, offset: int) -> None:
+        """Note in the record's spare byte (outside its header check) that it was leased: a
+        record read since it was (re-)appended earns a second chance in memory."""
+        self.view[offset + 5] = 1
+
+    def holds_key(self, offset: int, key: bytes) -> bool:
+        """Whether the record at ``offset`` is ``key``'s."""
+        view = self.view
+        key_len = view[offset + 6] | view[offset + 7] << 8
+        return key_len == len(key) and \
+            view[offset + RECORD.size:offset + RECORD.size + key_len] == key
+
+    def read_record(self, offset: int) -> RecordFields:
+        _, state, read, key_len, length, checksum, seq, group, _ = \
+            RECORD.unpack_from(self.view, offset)
+        key = bytes(self.view[offset + RECORD.size:offset + RECORD.size + key_len])
+        return RecordFields(key, length, checksum, seq, group, state, bool(read))
+
+    def record_length(self, offset: int) -> int:
+        length: int = _LENGTH.unpack_from(self.view, offset + 8)[0]
+        return length
+
+    def record_seq(self, offset: int) -> int:
+        seq: int = _LENGTH.unpack_from(self.view, offset + 24)[0]
+        return seq
 
     def segment_of(self, offset: int) -> Segment:
         return self.segments[self.segments[offset // self.segment_size].head]

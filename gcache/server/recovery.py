@@ -1,7 +1,8 @@
 """Rebuilding the hot tier's index from an arena left by a previous server process.
 
 A restarted ``gcache-server`` with the same ``--shm-name`` and size finds its arena intact in
-/dev/shm. This module walks it span by span (``SEGMENT`` headers) and record by record, and keeps:
+/dev/shm. This module walks it span by span (``SEGMENT`` headers) and record by record, and
+points the tier's ``RecordTable`` at what it keeps:
 - COMMITTED records whose value still hashes to its checksum (anything else is dropped and
   counted; a flipped byte costs one value, never a wrong one);
 - for each key only its newest record by sequence number; a newer TOMBSTONE deletes it, and a
@@ -17,6 +18,7 @@ taken, so the end of a span's records is simply where no newer valid record foll
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,38 +39,31 @@ from gcache.server.arena import (
     record_size,
     value_offset,
 )
+from gcache.server.record_table import RecordTable
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A committed value found in the arena."""
-
-    key: bytes
-    seq: int
-    record: int
-    value: int
-    length: int
-    checksum: int
-    head: int          # index of the span's first segment
-    group: int = 0     # xxh3_64 of the placement group; 0 for none
-
-
 @dataclass(slots=True)
 class Recovered:
-    values: dict[bytes, Found] = field(default_factory=dict)
-    spans: list[tuple[int, int, int, int, list[bytes]]] = field(default_factory=list)
+    spans: list[tuple[int, int, int, int, array[int]]] = field(default_factory=list)
     max_seq: int = 0
+    objects: int = 0
+    value_bytes: int = 0
     dropped_corrupt: int = 0
     dropped_pending: int = 0
     dropped_headers: int = 0        # records whose header failed its check
 
 
-def scan(arena: Arena) -> Recovered:
-    """Read every span of ``arena`` and resolve each key to its newest committed value."""
+def scan(arena: Arena, table: RecordTable) -> Recovered:
+    """Read every span of ``arena`` and point ``table`` at each key's newest committed record.
+
+    A tombstone takes its key's slot like a value while the walk goes on (a value found later
+    in the walk but older than the delete must not win) and is taken out at the end; nothing
+    but the table holds a key, so memory stays the index's own however many records there are.
+    """
     out = Recovered()
-    newest: dict[bytes, tuple[int, Found | None]] = {}       # key -> (seq, value or tombstone)
+    tombstones: list[int] = []
     index, count, size = 0, len(arena.segments), arena.segment_size
     while index < count:
         header = read_segment_header(arena.view, index * size, arena.secret)
@@ -77,21 +72,24 @@ def scan(arena: Arena) -> Recovered:
             continue
         span, claim_seq, age = header
         out.max_seq = max(out.max_seq, claim_seq)
-        fill, keys = _walk(arena, index, span, claim_seq, newest, out)
-        out.spans.append((index, span, age, fill, keys))
+        fill, hashes = _walk(arena, index, span, claim_seq, table, tombstones, out)
+        out.spans.append((index, span, age, fill, hashes))
         index += span
-    for key, (seq, found) in newest.items():
-        out.max_seq = max(out.max_seq, seq)
-        if found is not None:
-            out.values[key] = found
+    for record in tombstones:
+        key = arena.read_record(record).key
+        if table.get(key) == record:
+            table.remove(key)
+    out.objects = len(table)
+    out.value_bytes = sum(arena.record_length(record) for record in table.records())
     return out
 
 
-def _walk(arena: Arena, head: int, span: int, claim_seq: int,
-          newest: dict[bytes, tuple[int, Found | None]], out: Recovered) -> tuple[int, list[bytes]]:
-    """Records of one span, newest-per-key into ``newest``; returns the span's fill and keys."""
+def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable,
+          tombstones: list[int], out: Recovered) -> tuple[int, array[int]]:
+    """Records of one span, newest-per-key into ``table``; returns the span's fill and the
+    hashes of the keys committed in it."""
     view, start = arena.view, head * arena.segment_size
-    limit, keys = start + span * arena.segment_size, []
+    limit, hashes = start + span * arena.segment_size, array("Q")
     pos = fill = start + SEGMENT_HEADER_BYTES
     while pos + RECORD.size <= limit:
         record = _read_header(view, pos, limit, claim_seq, arena.secret)
@@ -104,23 +102,24 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int,
                 break
             pos = found
             continue
-        state, key, length, stored, seq, group, end = record
-        keys.append(key)
+        state, key, length, stored, seq, _group, end = record
         out.max_seq = max(out.max_seq, seq)
         if state == STATE_COMMITTED:
             value = value_offset(pos, len(key))
             if checksum(view[value:value + length]) == stored:
-                _keep(newest, key, seq,
-                      Found(key, seq, pos, value, length, stored, head, group))
+                hash_ = table.hash(key)
+                hashes.append(hash_)
+                _keep(arena, table, key, hash_, pos, seq)
             else:
                 out.dropped_corrupt += 1
                 log.error("recovery.checksum_mismatch bytes=%d offset=%d", length, value)
         elif state == STATE_TOMBSTONE:
-            _keep(newest, key, seq, None)
+            if _keep(arena, table, key, table.hash(key), pos, seq):
+                tombstones.append(pos)
         elif state == STATE_PENDING:
             out.dropped_pending += 1
         pos = fill = end
-    return fill - start, keys
+    return fill - start, hashes
 
 
 def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
@@ -162,7 +161,11 @@ def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int,
     return None
 
 
-def _keep(newest: dict[bytes, tuple[int, Found | None]], key: bytes, seq: int,
-          found: Found | None) -> None:
-    if key not in newest or newest[key][0] < seq:
-        newest[key] = (seq, found)
+def _keep(arena: Arena, table: RecordTable, key: bytes, hash_: int, record: int,
+          seq: int) -> bool:
+    """Point ``key`` at ``record`` unless a newer record of it was found already."""
+    known = table.get(key, hash_)
+    if known >= 0 and arena.record_seq(known) >= seq:
+        return False
+    table.put(key, record, hash_)
+    return True

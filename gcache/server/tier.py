@@ -41,7 +41,7 @@ from gcache.server.arena import (
     record_size,
     value_offset,
 )
-from gcache.server.entry_index import EntryIndex
+from gcache.server.record_table import RecordTable
 from gcache.server.recovery import scan
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ ALLOC_WAIT_S = 2.0       # longest an allocation waits for the demoter before No
 
 @dataclass(slots=True)
 class Entry:
+    """A value's record as the tier found it (the index keeps only the record's offset; this
+    is read from the record's header when a caller needs it)."""
+
     key: bytes
     record: int        # absolute offset of the record header
     value: int         # absolute offset of the value
@@ -99,28 +102,28 @@ class HotTier:
         self.space = threading.Condition(self._lock)
         self.cold_backed = cold_backed
         self.on_commit: Callable[[bytes], object] | None = None   # after a client's commit
-        self._index: EntryIndex[Entry] = EntryIndex()   # key -> Entry, live bytes summed
+        self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
+                           prefault=prefault, on_evict=self._evicted)
+        self.arena.require_clean = cold_backed
+        # key -> its committed record; the bytes of the values it names kept as a running sum,
+        # so STAT (every ``gcache.kv`` pressure reading) never walks the index under the lock
+        self._index = RecordTable(self.arena.holds_key)
+        self._value_bytes = 0
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
         self.counters = TierCounters()
-        self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
-                           prefault=prefault, on_evict=self._evicted)
-        self.arena.require_clean = cold_backed
         if self.arena.attached:
             self._recover()
 
     def _recover(self) -> None:
-        found = scan(self.arena)
+        found = scan(self.arena, self._index)
         self.arena.restore(found.spans, found.max_seq)
-        for key, value in found.values.items():
-            head = self.arena.segments[value.head]
-            self._index[key] = Entry(key, value.record, value.value, value.length,
-                                     value.checksum, head, group=value.group)
-        self.counters.recovered_objects = len(found.values)
+        self._value_bytes = found.value_bytes
+        self.counters.recovered_objects = found.objects
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
         log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d",
-                 len(found.values), len(found.spans), found.dropped_corrupt,
+                 found.objects, len(found.spans), found.dropped_corrupt,
                  found.dropped_headers, found.dropped_pending)
 
     # ---- writes -----------------------------------------------------------------------------
@@ -141,7 +144,6 @@ class HotTier:
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=self.arena.next_record_seq(),
                                            group=group)
-            head.keys.append(key)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
             return handle, entry.value, self.arena.view[entry.value:entry.value + length]
@@ -212,7 +214,9 @@ class HotTier:
                 self.counters.checksum_failures += 1
                 raise ChecksumMismatch(f"value of {entry.length} bytes hashes to {actual:#x}, "
                                        f"COMMIT said {expected:#x}")
-            if if_absent and (entry.key in self._index or (unless is not None and unless())):
+            hash_ = self._index.hash(entry.key)
+            if if_absent and (self._index.get(entry.key, hash_) >= 0
+                              or (unless is not None and unless())):
                 return False
             entry.checksum = actual
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
@@ -220,8 +224,7 @@ class HotTier:
                                            seq=self.arena.next_record_seq(), group=entry.group,
                                            final_state=STATE_COMMITTED)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
-            self._supersede(self._index.get(entry.key))
-            self._index[entry.key] = entry
+            self._point(entry.key, hash_, entry.record, entry.length, entry.head)
             self.counters.puts += 1
         if self.on_commit is not None and not if_absent:
             self.on_commit(entry.key)
@@ -239,12 +242,13 @@ class HotTier:
     def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
         """Pin ``key``'s value for reading; None when absent. ``expires=False`` as for alloc."""
         with self._lock:
-            entry = self._index.get(key)
-            if entry is None:
+            record = self._index.get(key)
+            if record < 0:
                 self.counters.misses += 1
                 return None
             self.counters.hits += 1
-            entry.read = True
+            self.arena.mark_read(record)
+            entry = self._entry_at(record)
             handle = self._pin(entry, pending=False, expires=expires)
         return handle, entry, self.arena.view[entry.value:entry.value + entry.length]
 
@@ -276,22 +280,31 @@ class HotTier:
 
     def exists(self, key: bytes) -> bool:
         with self._lock:
-            return key in self._index
+            return self._index.get(key) >= 0
+
+    def entry(self, key: bytes) -> Entry | None:
+        """``key``'s committed record as it stands now, or None (for inspection: a reader
+        holds a lease instead)."""
+        with self._lock:
+            record = self._index.get(key)
+            return None if record < 0 else self._entry_at(record)
 
     def delete(self, key: bytes) -> bool:
         """Forget ``key``; TOMBSTONE records keep it forgotten across a restart. There are two,
         in one allocation, so that one flipped byte cannot bring the deleted value back."""
         with self._lock:
-            entry = self._index.pop(key, None)
-            if entry is None:
+            record = self._index.remove(key)
+            if record < 0:
                 return False
             self.counters.deletes += 1
-            self._supersede(entry)          # on its own enough for a restart to skip it
+            self._value_bytes -= self.arena.record_length(record)
+            # on its own enough for a restart to skip it
+            self.arena.set_record_state(record, STATE_SUPERSEDED)
             one = record_size(len(key), 0)
             try:
                 # Never waits: a wait lets go of the lock, and a put of the key committed
                 # meanwhile would get an older sequence number than these tombstones.
-                head, record = self.arena.allocate(2 * one)
+                _, record = self.arena.allocate(2 * one)
             except NoSpace:
                 log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True
@@ -299,7 +312,6 @@ class HotTier:
                 self.arena.write_record_header(offset, state=STATE_TOMBSTONE, key=key,
                                                length=0, checksum=0,
                                                seq=self.arena.next_record_seq())
-            head.keys.append(key)
             return True
 
     # ---- upkeep -----------------------------------------------------------------------------
@@ -317,7 +329,7 @@ class HotTier:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            out = {"objects": len(self._index), "bytes": self._index.value_bytes,
+            out = {"objects": len(self._index), "bytes": self._value_bytes,
                    "capacity_bytes": self.arena.size_bytes, "used_bytes": self.arena.used_bytes,
                    "segments": len(self.arena.segments), "pins": len(self._pins)}
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
@@ -339,11 +351,26 @@ class HotTier:
         pin.entry.head.pins -= 1
         return True
 
-    def _supersede(self, entry: Entry | None) -> None:
-        """Mark the record of a replaced, moved or deleted entry (under ``_lock``). An entry in
-        the index always points at a live record: eviction removes it before reuse."""
-        if entry is not None:
-            self.arena.set_record_state(entry.record, STATE_SUPERSEDED)
+    def _point(self, key: bytes, hash_: int, record: int, length: int, head: Segment) -> None:
+        """Make ``record`` (in the span ``head``) ``key``'s value, and mark the record it
+        replaces (under ``_lock``). The index always points at live records: eviction removes
+        a span's before the span is reused."""
+        old = self._index.put(key, record, hash_)
+        if old >= 0:
+            self._value_bytes -= self.arena.record_length(old)
+            self.arena.set_record_state(old, STATE_SUPERSEDED)
+        self._value_bytes += length
+        head.hashes.append(hash_)
+
+    def _entry_at(self, record: int) -> Entry:
+        fields = self.arena.read_record(record)
+        return Entry(fields.key, record, value_offset(record, len(fields.key)), fields.length,
+                     fields.checksum, self.arena.segment_of(record), read=fields.read,
+                     group=fields.group)
+
+    def _span_bytes(self, head: Segment) -> tuple[int, int]:
+        start = head.index * self.arena.segment_size
+        return start, start + head.span * self.arena.segment_size
 
     def _pin(self, entry: Entry, *, pending: bool, expires: bool = True) -> int:
         handle = next(self._handles)
@@ -372,10 +399,10 @@ class HotTier:
         In a clean span they are on disk or were re-appended: only without a cold tier is this
         the end of them."""
         dropped = 0
-        for key in head.keys:
-            entry = self._index.get(key)
-            if entry is not None and entry.head is head:
-                del self._index[key]
+        start, end = self._span_bytes(head)
+        for hash_ in dict.fromkeys(head.hashes):
+            for record in self._index.remove_in(hash_, start, end):
+                self._value_bytes -= self.arena.record_length(record)
                 dropped += 1
         if not self.cold_backed:
             self.counters.evicted_objects += dropped
@@ -393,15 +420,17 @@ class HotTier:
             if head is None:
                 return None
             head.pins += 1
-            live = [self._index[k] for k in dict.fromkeys(head.keys)
-                    if k in self._index and self._index[k].head is head]
-            return head, live
+            start, end = self._span_bytes(head)
+            records = sorted(record for hash_ in dict.fromkeys(head.hashes)
+                             for record in self._index.find_in(hash_, start, end))
+            return head, [self._entry_at(record) for record in records]
 
     def reappend(self, entry: Entry) -> bool:
         """Second chance: copy a recently read value to the log's head, where it is young
         again. False when no clean space is free for it (the caller demotes it instead)."""
         with self._lock:
-            if self._index.get(entry.key) is not entry:
+            hash_ = self._index.hash(entry.key)
+            if self._index.get(entry.key, hash_) != entry.record:
                 return True
             try:
                 head, record = self.arena.allocate(record_size(len(entry.key), entry.length),
@@ -418,20 +447,19 @@ class HotTier:
                                            seq=self.arena.next_record_seq(), group=entry.group,
                                            final_state=STATE_COMMITTED)
             self.arena.set_record_state(record, STATE_COMMITTED)
-            head.keys.append(entry.key)
-            self._supersede(entry)
-            self._index[entry.key] = moved
+            self._point(entry.key, hash_, record, moved.length, head)
             self.counters.second_chances += 1
             return True
 
     def keys_with_groups(self) -> list[tuple[bytes, int]]:
         """Every key in memory with its placement-group hash (a snapshot, for a drain)."""
         with self._lock:
-            return [(key, entry.group) for key, entry in self._index.items()]
+            found = [self.arena.read_record(record) for record in self._index.records()]
+        return [(fields.key, fields.group) for fields in found]
 
     def is_current(self, entry: Entry) -> bool:
         with self._lock:
-            return self._index.get(entry.key) is entry
+            return self._index.get(entry.key) == entry.record
 
     def settle(self, head: Segment, *, demoted: int) -> None:
         """Unpin a claimed span and mark it clean: its space may now be reused."""

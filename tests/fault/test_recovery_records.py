@@ -64,7 +64,9 @@ def fill_open_segment(tier: HotTier, prefix: str) -> dict[bytes, bytes]:
 
 
 def record_offset(tier: HotTier, key: bytes) -> int:
-    return tier._index[key].record
+    entry = tier.entry(key)
+    assert entry is not None
+    return entry.record
 
 
 def test_an_uncommitted_write_opening_a_segment_hides_nothing(arena_name):
@@ -108,7 +110,7 @@ def test_a_second_chance_reappend_opening_a_segment_hides_nothing(arena_name):
     tier.arena._open = None                              # the next allocation opens a segment
     first = next(iter(expected))
     assert read(tier, first) == expected[first]
-    assert tier.reappend(tier._index[first])             # the first record of a new segment
+    assert tier.reappend(tier.entry(first))             # the first record of a new segment
     after = {f"d{i}".encode(): value(i) for i in range(5)}
     for key, val in after.items():
         put(tier, key, val)
