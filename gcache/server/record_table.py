@@ -8,8 +8,11 @@ offset, and confirms a candidate against the key in the arena (``matches``): two
 same hash are two slots, told apart by their records.
 
 Design, and why:
-- Open addressing with linear probing over one ``array('Q')`` of (hash, record) pairs: no
-  object per entry, and the scan of a probe run stays in one cache line or two.
+- Open addressing with linear probing over one array of (hash, record) pairs: no object per
+  entry, and the scan of a probe run stays in one cache line or two. The array is numpy's
+  (zeroed pages the kernel hands out as they are touched, returned when a resize frees them;
+  an ``array('Q')`` left each old table behind in the heap) read through a ``'Q'``
+  memoryview, whose items index as fast as a list's.
 - The home slot is the hash's top bits and probing never wraps (a tail past the last home takes
   the overflow, and its last slot is always empty, so every probe ends): sorted by hash is
   sorted by home, so a resize places every entry in one vectorized pass (numpy), not one Python
@@ -25,7 +28,6 @@ The table is not thread-safe: the tier's lock guards it.
 from __future__ import annotations
 
 import os
-from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -41,7 +43,7 @@ class RecordTable:
     """key -> arena offset of its record. ``matches(record, key)`` says whether the record at
     that offset holds ``key``. Methods take the key's ``hash`` when the caller has it."""
 
-    __slots__ = ("_bits", "_count", "_matches", "_seed", "_shift", "_slots")
+    __slots__ = ("_bits", "_count", "_matches", "_pairs", "_seed", "_shift", "_slots")
 
     def __init__(self, matches: Callable[[int, bytes], bool], *, seed: int | None = None,
                  capacity_bits: int = MIN_BITS) -> None:
@@ -50,14 +52,15 @@ class RecordTable:
         self._count = 0
         self._bits = max(MIN_BITS, capacity_bits)
         self._shift = 64 - self._bits
-        self._slots = array("Q", bytes(16 * ((1 << self._bits) + TAIL_SLOTS)))
+        self._pairs = np.zeros(((1 << self._bits) + TAIL_SLOTS, 2), dtype=np.uint64)
+        self._slots = memoryview(self._pairs).cast("B").cast("Q")
 
     def __len__(self) -> int:
         return self._count
 
     @property
     def memory_bytes(self) -> int:
-        return self._slots.itemsize * len(self._slots)
+        return int(self._pairs.nbytes)
 
     def hash(self, key: bytes | memoryview) -> int:
         return xxhash.xxh3_64_intdigest(key, self._seed) or 1
@@ -131,7 +134,7 @@ class RecordTable:
 
     def records(self) -> list[int]:
         """Every record the table points at (a snapshot)."""
-        pairs = np.frombuffer(self._slots, dtype=np.uint64).reshape(-1, 2)
+        pairs = self._pairs
         records: list[int] = pairs[pairs[:, 0] != EMPTY, 1].tolist()
         return records
 
@@ -153,15 +156,14 @@ class RecordTable:
     def _resize(self, bits: int) -> None:
         """Re-place every entry in a table of ``2**bits`` homes, in one sorted pass: entries
         taken in hash order each go to their home or right after the previous one."""
-        pairs = np.frombuffer(self._slots, dtype=np.uint64).reshape(-1, 2)
+        pairs = self._pairs
         live = pairs[pairs[:, 0] != EMPTY]
-        live = live[np.argsort(live[:, 0], kind="stable")]
+        live = live[np.argsort(live[:, 0])]
         homes = (live[:, 0] >> np.uint64(64 - bits)).astype(np.int64)
         order = np.arange(len(live), dtype=np.int64)
         places = np.maximum.accumulate(homes - order) + order if len(live) else order
         size = max((1 << bits) + TAIL_SLOTS, int(places[-1]) + 2 if len(live) else 0)
-        slots = array("Q", bytes(16 * size))
-        fresh = np.frombuffer(slots, dtype=np.uint64).reshape(-1, 2)
+        fresh = np.zeros((size, 2), dtype=np.uint64)
         fresh[places] = live
-        del fresh, pairs                   # no export may outlive the swap
-        self._slots, self._bits, self._shift = slots, bits, 64 - bits
+        self._pairs, self._slots = fresh, memoryview(fresh).cast("B").cast("Q")
+        self._bits, self._shift = bits, 64 - bits

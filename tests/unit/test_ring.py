@@ -1,3 +1,4 @@
+import random
 from collections import Counter
 
 import pytest
@@ -75,3 +76,15 @@ def test_empty_ring_owns_nothing_and_bad_weights_are_refused():
     assert Ring.uniform([]).owner(b"k") is None
     with pytest.raises(ValueError, match="positive"):
         Ring({"a:1": 0.0})
+
+
+def test_a_keys_owner_is_the_first_live_server_clockwise_with_any_servers_dead():
+    rng = random.Random(5)
+    servers = [f"10.0.0.{i}:7700" for i in range(7)]
+    for dead in ([], servers[:1], servers[2:6], servers[:6], servers):
+        ring = Ring(dict.fromkeys(servers, 1.0), vnodes=16,
+                    live=[s for s in servers if s not in dead])
+        for _ in range(2000):
+            point = rng.getrandbits(64)
+            walked = next((s for s in ring._clockwise(point) if s in ring.live), None)
+            assert ring._first_live(point) == walked
