@@ -53,7 +53,7 @@ class RecordTable:
         self._bits = max(MIN_BITS, capacity_bits)
         self._shift = 64 - self._bits
         self._pairs = np.zeros(((1 << self._bits) + TAIL_SLOTS, 2), dtype=np.uint64)
-        self._slots = memoryview(self._pairs).cast("B").cast("Q")
+        self._slots = _words(self._pairs)
 
     def __len__(self) -> int:
         return self._count
@@ -165,5 +165,10 @@ class RecordTable:
         size = max((1 << bits) + TAIL_SLOTS, int(places[-1]) + 2 if len(live) else 0)
         fresh = np.zeros((size, 2), dtype=np.uint64)
         fresh[places] = live
-        self._pairs, self._slots = fresh, memoryview(fresh).cast("B").cast("Q")
+        self._pairs, self._slots = fresh, _words(fresh)
         self._bits, self._shift = bits, 64 - bits
+
+
+def _words(pairs: np.ndarray) -> memoryview:
+    """The table as Python ints, one per ``'Q'`` item (hash, record, hash, record, ...)."""
+    return pairs.data.cast("B").cast("Q")
