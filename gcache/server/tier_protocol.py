@@ -17,11 +17,12 @@ same-host client its descriptor, and NIXL registers its address. Every tier is o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from gcache.keys import Hasher
 from gcache.server.arena import Arena
-from gcache.server.tier import Entry
+from gcache.server.tier import Entry, Stored
 
 
 class Tier(Protocol):
@@ -49,6 +50,12 @@ class Tier(Protocol):
         """Make a pending write visible if its bytes hash to ``expected`` (xxh3_64). Raises
         InvalidRequest for a handle that is not a write in flight, ChecksumMismatch (the write
         is dropped, never visible)."""
+
+    def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
+                 group: int = 0) -> list[Stored]:
+        """Store values received whole, each (key, bytes, xxh3_64 the writer sent), with
+        placement-group hash ``group``: one ``Stored`` per value, in order. A value whose
+        bytes do not hash to its checksum is never visible."""
 
     def abort(self, handle: int) -> None:
         """Drop a pending write; an unknown handle is ignored."""

@@ -23,13 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gcache.errors import ChecksumMismatch
 from gcache.keys import Hasher, checksum
 from gcache.server.cold_index import ColdEntry
 from gcache.server.cold_store import ColdStore
-from gcache.server.tier import ALLOC_WAIT_S, Entry, HotTier
+from gcache.server.tier import ALLOC_WAIT_S, Entry, HotTier, Stored
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,10 @@ class TieredStore:
     def commit(self, handle: int, expected: int, *, if_absent: bool = False,
                unless: Callable[[], bool] | None = None) -> bool:
         return self.hot.commit(handle, expected, if_absent=if_absent, unless=unless)
+
+    def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
+                 group: int = 0) -> list[Stored]:
+        return self.hot.put_many(values, group=group)
 
     def abort(self, handle: int) -> None:
         self.hot.abort(handle)

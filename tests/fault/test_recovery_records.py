@@ -15,7 +15,7 @@ import pytest
 
 from gcache.keys import checksum
 from gcache.server.arena import RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES
-from gcache.server.tier import HotTier
+from gcache.server.tier import HotTier, Stored
 from tests.unit.test_hot_tier import put, read
 
 SEG = 64 * 1024
@@ -200,3 +200,19 @@ def test_a_header_forged_inside_a_stored_value_never_becomes_a_record(arena_name
     assert read(tier, b"victim") is None
     put(tier, b"after", b"writes still work")        # no sequence number near 2**64 was taken
     assert read(tier, b"after") == b"writes still work"
+
+
+def test_values_of_a_batch_written_straight_as_committed_survive_a_restart(arena_name):
+    tier = arena_name()
+    put(tier, b"replaced", value(1))
+    expected = {f"batch-{i}".encode(): value(i, 200) for i in range(40)}
+    expected[b"replaced"] = value(2)
+    items = [(key, memoryview(val), checksum(val)) for key, val in expected.items()]
+    assert set(tier.put_many(items)) == {Stored.OK}
+    assert tier.delete(b"batch-3")
+    del expected[b"batch-3"]
+    tier = restart(tier, arena_name)
+    assert {key: read(tier, key) for key in expected} == expected
+    assert read(tier, b"batch-3") is None
+    assert tier.stats()["objects"] == len(expected)
+    assert tier.stats()["bytes"] == sum(map(len, expected.values()))

@@ -16,7 +16,7 @@ from gcache.errors import ChecksumMismatch, InvalidRequest
 from gcache.keys import checksum
 from gcache.server.cold_blobs import BlobColdStore
 from gcache.server.cold_segments import SegmentColdStore
-from gcache.server.tier import HotTier
+from gcache.server.tier import HotTier, Stored
 from gcache.server.tier_protocol import Tier
 from gcache.server.tiered import TieredStore
 
@@ -247,3 +247,23 @@ def test_the_arena_is_offered_and_close_with_unlink_removes_it(kind, tmp_path):
     finally:
         made.close(unlink=True)
     assert not os.path.exists(path) and not os.path.exists(path + ".key")
+
+
+def test_put_many_stores_whole_values_refuses_bad_ones_and_replaces_old(tier):
+    put(tier, b"old", b"first version")
+    good = {f"many-{i}".encode(): bytes([i]) * (100 + i) for i in range(200)}
+    good[b"old"] = b"second version"
+    items = [(key, memoryview(value), checksum(value)) for key, value in good.items()]
+    items.insert(7, (b"liar", memoryview(b"these bytes"), checksum(b"other bytes")))
+    items.append((b"huge", memoryview(bytes(9 * SEG)), checksum(bytes(9 * SEG))))
+    stored = tier.put_many(items, group=0xBEEF)
+    assert stored[7] is Stored.MISMATCH and stored[-1] is Stored.NO_SPACE
+    assert [s for i, s in enumerate(stored) if i not in (7, len(items) - 1)] == \
+        [Stored.OK] * len(good)
+    assert {key: read(tier, key) for key in good} == good
+    assert read(tier, b"liar") is None and read(tier, b"huge") is None
+    assert tier.stats()["checksum_failures"] == 1
+    assert dict(tier.keys_with_groups())[b"many-3"] == 0xBEEF
+    assert tier.stats()["objects"] == len(good)
+    assert tier.stats()["bytes"] == sum(map(len, good.values()))
+    assert tier.stats()["pins"] == 0
