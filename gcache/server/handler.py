@@ -50,7 +50,7 @@ from gcache.keys import MAX_KEY_BYTES
 from gcache.server.metrics import BYTES_IN, BYTES_OUT, OP_TIMERS
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request
-from gcache.server.tier import Entry, Stored
+from gcache.server.tier import Copied, Entry, Stored
 from gcache.server.tier_protocol import Tier
 from gcache.transport.stream import StreamConnection
 
@@ -374,15 +374,36 @@ class ConnectionHandler:
         self._reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
 
     def _batch_get(self, h: Header, key: bytes) -> None:
-        leases = [self._lease_or_status(k, expires=False) for k in self._read_keys(h)]
-        table = b"".join(GET_ENTRY.pack(lease, 0, 0) if isinstance(lease, Status) else
-                         GET_ENTRY.pack(Status.OK, lease[1].length, lease[1].checksum)
-                         for lease in leases)
-        held = [lease for lease in leases if not isinstance(lease, Status)]
+        """Values up to one IO in all are copied out under the tier's lock (``read_many``: no
+        lease to take and give back per key); the rest, and what only the disk holds, are
+        leased and sent from the arena."""
+        keys = self._read_keys(h)
+        shown = [i for i, k in enumerate(keys) if not self.mutable.hidden(k)]
+        copies, left = self.tier.read_many([keys[i] for i in shown],
+                                           budget_bytes=self.config.io_size)
+        results: list[Copied | tuple[int, Entry, memoryview] | Status] = \
+            [Status.NOT_FOUND] * len(keys)
+        for i, copy in zip(shown, copies, strict=True):
+            if copy is not None:
+                results[i] = copy
+        held = []
         try:
-            self._reply(h, Status.OK, payload=(table, *(lease[2] for lease in held)),
-                        count=len(leases))
-            BYTES_OUT.inc(sum(lease[1].length for lease in held))
+            for j in left:
+                results[shown[j]] = leased = self._lease_or_status(keys[shown[j]], expires=False)
+                if not isinstance(leased, Status):
+                    held.append(leased)
+            table, values = bytearray(), list[bytes | memoryview]()
+            for result in results:
+                if isinstance(result, Status):
+                    table += GET_ENTRY.pack(result, 0, 0)
+                elif isinstance(result, Copied):
+                    table += GET_ENTRY.pack(Status.OK, len(result.value), result.checksum)
+                    values.append(result.value)
+                else:
+                    table += GET_ENTRY.pack(Status.OK, result[1].length, result[1].checksum)
+                    values.append(result[2])
+            self._reply(h, Status.OK, payload=(bytes(table), *values), count=len(keys))
+            BYTES_OUT.inc(sum(len(value) for value in values))
         finally:
             for handle, _, view in held:
                 view.release()

@@ -29,10 +29,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.server.arena import (
+    RECORD,
     STATE_COMMITTED,
     STATE_PENDING,
     STATE_SUPERSEDED,
@@ -49,6 +51,13 @@ log = logging.getLogger(__name__)
 
 ALLOC_WAIT_S = 2.0       # longest an allocation waits for the demoter before NoSpace
 PUT_MANY_STRIDE = 64     # values ``put_many`` stores per hold of the lock
+
+
+class Copied(NamedTuple):
+    """A value ``read_many`` copied out of the arena."""
+
+    value: bytes
+    checksum: int
 
 
 class Stored(enum.Enum):
@@ -304,6 +313,40 @@ class HotTier:
             entry = self._entry_at(record)
             handle = self._pin(entry, pending=False, expires=expires)
         return handle, entry, self.arena.view[entry.value:entry.value + entry.length]
+
+    def read_many(self, keys: Sequence[bytes], *, budget_bytes: int,
+                  absent_left: bool = False) -> tuple[list[Copied | None], list[int]]:
+        """Copies of small values, for a BATCH_GET: taken under the lock, so they need no
+        lease (no pin, no handle, nothing to release); the lock is let go every
+        ``PUT_MANY_STRIDE`` keys. Values past ``budget_bytes`` in all are not copied: their
+        positions come back in the second list, for the caller to lease (a copy under the
+        lock must stay short). None: absent (a miss), or with ``absent_left`` left in that
+        list uncounted too (a cold tier may hold it)."""
+        copies: list[Copied | None] = []
+        left: list[int] = []
+        view = self.arena.view
+        for first in range(0, len(keys), PUT_MANY_STRIDE):
+            with self._lock:
+                for i in range(first, min(len(keys), first + PUT_MANY_STRIDE)):
+                    record = self._index.get(keys[i])
+                    if record < 0:
+                        copies.append(None)
+                        if absent_left:
+                            left.append(i)
+                        else:
+                            self.counters.misses += 1
+                        continue
+                    _, _, _, key_len, length, checksum_, *_ = RECORD.unpack_from(view, record)
+                    if length > budget_bytes:
+                        copies.append(None)
+                        left.append(i)
+                        continue
+                    budget_bytes -= length
+                    self.counters.hits += 1
+                    self.arena.mark_read(record)
+                    start = value_offset(record, key_len)
+                    copies.append(Copied(bytes(view[start:start + length]), checksum_))
+        return copies, left
 
     def leased(self, handle: int) -> Entry:
         """The entry a read lease pins. Raises InvalidRequest for an unknown handle."""

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from gcache.keys import Hasher
 from gcache.server.arena import Arena
-from gcache.server.tier import Entry, Stored
+from gcache.server.tier import Copied, Entry, Stored
 
 
 class Tier(Protocol):
@@ -65,6 +65,12 @@ class Tier(Protocol):
     def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
         """Pin ``key``'s value: (read handle, its entry, its bytes); None when absent. Raises
         NoSpace when the value exists but cannot be brought into memory right now."""
+
+    def read_many(self, keys: Sequence[bytes], *,
+                  budget_bytes: int) -> tuple[list[Copied | None], list[int]]:
+        """Copies of the values of ``keys`` held in memory, up to ``budget_bytes`` in all, no
+        lease needed; None for the rest. The second list: positions of values that exist but
+        were not copied (past the budget, or not in memory: lease them)."""
 
     def leased(self, handle: int) -> Entry:
         """The entry a read lease pins. Raises InvalidRequest for an unknown handle."""

@@ -29,7 +29,7 @@ from gcache.errors import ChecksumMismatch
 from gcache.keys import Hasher, checksum
 from gcache.server.cold_index import ColdEntry
 from gcache.server.cold_store import ColdStore
-from gcache.server.tier import ALLOC_WAIT_S, Entry, HotTier, Stored
+from gcache.server.tier import ALLOC_WAIT_S, Copied, Entry, HotTier, Stored
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,12 @@ class TieredStore:
 
     def abort(self, handle: int) -> None:
         self.hot.abort(handle)
+
+    def read_many(self, keys: Sequence[bytes], *,
+                  budget_bytes: int) -> tuple[list[Copied | None], list[int]]:
+        """The hot tier's copies; every key memory lacks is left to a lease, which promotes
+        it from disk when it is there."""
+        return self.hot.read_many(keys, budget_bytes=budget_bytes, absent_left=True)
 
     def leased(self, handle: int) -> Entry:
         return self.hot.leased(handle)

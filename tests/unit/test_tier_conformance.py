@@ -267,3 +267,18 @@ def test_put_many_stores_whole_values_refuses_bad_ones_and_replaces_old(tier):
     assert tier.stats()["objects"] == len(good)
     assert tier.stats()["bytes"] == sum(map(len, good.values()))
     assert tier.stats()["pins"] == 0
+
+
+def test_read_many_copies_small_values_and_leaves_the_rest_to_leases(tier, kind):
+    values = {f"r{i}".encode(): bytes([i]) * (1000 + i) for i in range(10)}
+    for key, val in values.items():
+        put(tier, key, val)
+    keys = [*values, b"absent"]
+    copies, left = tier.read_many(keys, budget_bytes=5100)
+    copied = {keys[i]: c for i, c in enumerate(copies) if c is not None}
+    assert list(copied) == keys[:5]                 # 1000 + 1001 + ... + 1004 fit in 5100
+    assert all(c.value == values[k] and c.checksum == checksum(values[k])
+               for k, c in copied.items())
+    expected_left = list(range(5, 10)) + ([10] if kind != "hot" else [])
+    assert left == expected_left                    # a cold tier may hold the absent key
+    assert tier.stats()["pins"] == 0
