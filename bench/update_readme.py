@@ -194,7 +194,30 @@ def render_engine(report: dict) -> str:
     return "\n".join(lines)
 
 
+def render_metadata(report: dict) -> str:
+    return "\n".join([
+        f"Measured {report['date']} by `python bench/metadata.py --objects "
+        f"{report['objects']}` on {report['cpus']} CPUs: one `gcache-server` on loopback, "
+        f"{report['objects']:,} values of {report['value_bytes']} bytes put by one client "
+        f"process over TCP in batches of {report['batch']}, then batched EXISTS and GETs of "
+        f"{report['sample']:,} of them, then a restart on the same arena.",
+        "",
+        "| index memory per object | after a restart | batched put keys/s | exists keys/s | "
+        "get keys/s | restart to ready |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {report['index_bytes_per_object']:.1f} B | "
+        f"{report['index_bytes_per_object_after_restart']:.1f} B | "
+        f"{report['put_keys_per_s']:,.0f} | {report['exists_keys_per_s']:,.0f} | "
+        f"{report['get_keys_per_s']:,.0f} | {report['restart_s']:.1f} s |",
+        "",
+        f"Index memory is the server's anonymous memory (`RssAnon`; the arena is shared memory) "
+        f"after the puts less before, per object. After the restart "
+        f"{report['read_back_after_restart']} sampled values read back intact.",
+    ])
+
+
 SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
+            "metadata": ("metadata-latest.json", render_metadata),
             "master": ("master-latest.json", render_master),
             "replay": ("replay-latest.json", render_replay),
             "tiers": ("tiers-latest.json", render_tiers),
