@@ -132,6 +132,14 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable
     return fill - start, hashes
 
 
+# The states a record's check may have been computed for, by the state it is in: a PENDING
+# record may carry either (COMMIT writes the committed check before it flips the state), a
+# SUPERSEDED one was flipped from COMMITTED.
+_CHECKED_AS = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
+               STATE_COMMITTED: (STATE_COMMITTED,), STATE_TOMBSTONE: (STATE_TOMBSTONE,),
+               STATE_SUPERSEDED: (STATE_COMMITTED,)}
+
+
 def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
                  secret: bytes) -> tuple[int, bytes, int, int, int, int, int] | None:
     """(state, key, length, checksum, seq, group, end) of a valid record at ``pos`` newer than
@@ -141,13 +149,14 @@ def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
     end = pos + record_size(key_len, length)
     if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
         return None
-    key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
-    states = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
-              STATE_SUPERSEDED: (STATE_COMMITTED,)}.get(state, (state,))
-    if state not in (STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE, STATE_SUPERSEDED) or all(
-            header_check(secret, s, key, length, stored, seq, group) != check for s in states):
+    states = _CHECKED_AS.get(state)
+    if states is None:
         return None
-    return state, key, length, stored, seq, group, end
+    key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
+    for checked_as in states:
+        if header_check(secret, checked_as, key, length, stored, seq, group) == check:
+            return state, key, length, stored, seq, group, end
+    return None
 
 
 def _looks_like_ours(view: memoryview, pos: int, claim_seq: int) -> bool:
@@ -173,9 +182,10 @@ def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int,
 
 def _keep(arena: Arena, table: RecordTable, key: bytes, hash_: int, record: int,
           seq: int) -> bool:
-    """Point ``key`` at ``record`` unless a newer record of it was found already."""
-    known = table.get(key, hash_)
+    """Point ``key`` at ``record`` unless a newer record of it was found already (one probe
+    when the key is new, as most are)."""
+    known = table.put(key, record, hash_)
     if known >= 0 and arena.record_seq(known) >= seq:
+        table.put(key, known, hash_)
         return False
-    table.put(key, record, hash_)
     return True
