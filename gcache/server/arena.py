@@ -47,6 +47,7 @@ import uuid
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -151,8 +152,7 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordFields:
+class RecordFields(NamedTuple):     # a tuple: a frozen dataclass took 1.5 us to build
     key: bytes
     length: int
     checksum: int

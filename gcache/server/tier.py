@@ -459,10 +459,12 @@ class HotTier:
         head.hashes.append(hash_)
 
     def _entry_at(self, record: int) -> Entry:
-        fields = self.arena.read_record(record)
-        return Entry(fields.key, record, value_offset(record, len(fields.key)), fields.length,
-                     fields.checksum, self.arena.segment_of(record), read=fields.read,
-                     group=fields.group)
+        view = self.arena.view
+        _, _, read, key_len, length, checksum_, _, group, _ = RECORD.unpack_from(view, record)
+        start = record + RECORD.size
+        return Entry(bytes(view[start:start + key_len]), record,
+                     value_offset(record, key_len), length, checksum_,
+                     self.arena.segment_of(record), bool(read), group)
 
     def _span_bytes(self, head: Segment) -> tuple[int, int]:
         start = head.index * self.arena.segment_size
