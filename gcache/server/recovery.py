@@ -80,18 +80,8 @@ def scan(arena: Arena, table: RecordTable) -> Recovered:
         if table.get(key) == record:
             table.remove(key)
     out.objects = len(table)
-    out.value_bytes = _value_bytes(arena, table.records())
+    out.value_bytes = arena.sum_lengths(table.records())
     return out
-
-
-def _value_bytes(arena: Arena, records: list[int]) -> int:
-    """The sum of the records' lengths, read in one gather (records are ``ALIGN``-aligned,
-    so each length is one aligned 8-byte word of the arena)."""
-    words = np.frombuffer(arena.view, dtype="<u8")
-    try:
-        return int(words[(np.asarray(records, dtype=np.int64) + 8) // 8].sum())
-    finally:
-        del words                 # no export of the mapping left behind: close() must unmap
 
 
 def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable,

@@ -496,12 +496,10 @@ class HotTier:
         """Arena callback under ``_lock``: forget the records of a span about to be reused.
         In a clean span they are on disk or were re-appended: only without a cold tier is this
         the end of them."""
-        dropped = 0
         start, end = self._span_bytes(head)
-        for hash_ in dict.fromkeys(head.hashes):
-            for record in self._index.remove_in(hash_, start, end):
-                self._value_bytes -= self.arena.record_length(record)
-                dropped += 1
+        removed = self._index.remove_in(dict.fromkeys(head.hashes), start, end)
+        self._value_bytes -= self.arena.sum_lengths(removed)
+        dropped = len(removed)
         if not self.cold_backed:
             self.counters.evicted_objects += dropped
         self.counters.evicted_segments += 1
@@ -519,8 +517,7 @@ class HotTier:
                 return None
             head.pins += 1
             start, end = self._span_bytes(head)
-            records = sorted(record for hash_ in dict.fromkeys(head.hashes)
-                             for record in self._index.find_in(hash_, start, end))
+            records = sorted(self._index.find_in(dict.fromkeys(head.hashes), start, end))
             return head, [self._entry_at(record) for record in records]
 
     def reappend(self, entry: Entry) -> bool:

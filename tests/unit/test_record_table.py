@@ -79,12 +79,12 @@ def test_remove_in_drops_exactly_the_span_and_keeps_the_rest_reachable():
     spans = {key: table.get(key) for key in keys}
     start, end = sorted(spans.values())[100], sorted(spans.values())[300]
     hashes = {table.hash(key) for key in keys}
-    removed = [r for h in hashes for r in table.remove_in(h, start, end)]
+    removed = [r for h in hashes for r in table.remove_in([h], start, end)]
     assert sorted(removed) == sorted(r for r in spans.values() if start <= r < end)
     for key, record in spans.items():
         assert table.get(key) == (-1 if start <= record < end else record)
-    assert all(table.find_in(h, start, end) == [] for h in hashes)
-    kept = sorted(r for h in hashes for r in table.find_in(h, 0, 1 << 62))
+    assert all(table.find_in([h], start, end) == [] for h in hashes)
+    kept = sorted(r for h in hashes for r in table.find_in([h], 0, 1 << 62))
     assert kept == sorted(r for r in spans.values() if not start <= r < end)
 
 
