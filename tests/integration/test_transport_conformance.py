@@ -190,6 +190,28 @@ def test_a_corrupted_value_is_a_checksum_miss_never_wrong_bytes(link):
         assert client.put(k, value) and client.get(k) == value      # a rewrite heals it
 
 
+def test_a_corrupted_value_read_into_a_registered_buffer_is_a_checksum_miss(link):
+    """A registered buffer takes NIXL's direct path (one request of ``io_size`` descriptors
+    straight into it, no bounce); with ``verify_arena_reads`` the bytes that landed are hashed
+    there too. Elsewhere registering is a no-op and the same reads must miss the same way."""
+    transport, cluster = link
+    with Client(cluster.addresses, timeout_s=5.0, transport=transport, token=TOKEN,
+                verify_arena_reads=True) as client:
+        value, k = data(3 << 20, 1000 + next(_keys)), key("corrupt-registered")
+        outs = [np.zeros(len(value), dtype=np.uint8) for _ in range(2)]
+        for out in outs:
+            assert client.register_buffer(out) is (transport == "nixl")
+        assert client.put(k, value)
+        assert client.get_into(k, outs[0]) == len(value)
+        assert outs[0].tobytes() == value                  # intact: a hit through the path
+        _flip_stored_byte(cluster, value)
+        assert client.get_into(k, outs[0]) is None
+        assert client.batch_get_into([k, key("absent")], outs) == [None, None]
+        assert client.stats()["misses_by_reason"]["checksum"] == 2
+        assert client.put(k, value) and client.get_into(k, outs[1]) == len(value)
+        assert outs[1].tobytes() == value
+
+
 def test_an_arena_copy_that_outlived_its_lease_is_hashed_after_all(client, link,
                                                                      monkeypatch):
     """An unhashed arena read is sound only while the lease holds; a copy that ended past
