@@ -209,7 +209,8 @@ run-engine: $(VLE_STAMP)
 
 # Hit rate per SWA store policy on the conversation trace: in-process model and a real cluster.
 replay: $(STAMP)
-	$(VENV)/bin/gcache replay --cluster --out bench/results/replay-latest.json \
+	$(VENV)/bin/gcache replay --cluster --cluster-requests 300 --cluster-budgets 0.02,0.05 \
+	  --out bench/results/replay-latest.json \
 	  --plot bench/results/replay-latest.png
 	$(PY) bench/update_readme.py
 

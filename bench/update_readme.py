@@ -12,6 +12,8 @@ import os
 import re
 import sys
 
+from gcache.kv.replay import OPTIMAL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -74,14 +76,30 @@ def render_dataplane(report: dict) -> str:
 def render_replay(report: dict) -> str:
     meta, rows = report["meta"], report["rows"]
     lines = [
-        f"Measured {meta['date']} by `make replay`: `gcache replay --cluster` over "
+        f"Measured {meta['date']} by `make replay` (`gcache replay --cluster`) over "
         f"{meta['requests']} requests of `{meta['trace']}`, layout {meta['model']} (page "
         f"{meta['page_size']} tokens, W = {meta['window']}). Budget: a fraction of the full-layer "
         f"working set ({meta['working_set_bytes'] / 2**40:.1f} TiB). Token hit rate counts "
         "window-safe hits only; the default policy is marked *.",
         "",
     ]
-    lines += _hit_table([r for r in rows if r["source"] == "model"], with_bytes=True)
+    model_rows = [r for r in rows if r["source"] == "model"]
+    lines += _hit_table(model_rows, with_bytes=True)
+    default = [r for r in model_rows if r["is_default"]]
+    if default and default[0].get("of_optimal") is not None:
+        budgets = sorted({r["budget_fraction"] for r in default})
+        cell = {r["budget_fraction"]: r for r in default}
+        lines += ["", f"The `{OPTIMAL}` row is the most any eviction and tail placement could hit "
+                  "with the future known (`gcache.kv.optimal`; exact where every hit fits, "
+                  "else an upper bound). The default policy against it, and the share of the "
+                  "bytes it held that could not hit (behind a missing page of their prefix), "
+                  "summed over every lookup:", "",
+                  "| default policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |",
+                  "|---|" + "---:|" * len(budgets),
+                  "| of optimal | " + " | ".join(f"{cell[b]['of_optimal']:.3f}"
+                                                 for b in budgets) + " |",
+                  "| unreachable share | " + " | ".join(
+                      f"{cell[b]['unreachable_share']:.3f}" for b in budgets) + " |"]
     cluster = [r for r in rows if r["source"] == "cluster"]
     if cluster:
         model = {(r["policy"], r["budget_fraction"]): r["hit_rate"] for r in rows
@@ -113,7 +131,8 @@ def _hit_table(rows: list[dict], *, with_bytes: bool = False,
             values.append(text)
         line = f"| {policy}{mark} | " + " | ".join(values) + " |"
         if with_bytes:
-            line += f" {cell[(policy, budgets[-1])]['storage_ratio']:.3f} |"
+            line += " – |" if policy == OPTIMAL else \
+                f" {cell[(policy, budgets[-1])]['storage_ratio']:.3f} |"
         lines.append(line)
     return lines
 

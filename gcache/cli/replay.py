@@ -52,7 +52,8 @@ MIN_SEGMENT_BYTES = 64 << 10
 
 
 class ZeroKV:
-    """A ``KVSource`` of the right sizes: a replay measures hits, not contents."""
+    """A ``KVSource`` of the right sizes, and a ``KVSink`` that keeps nothing: a replay
+    measures hits, not contents."""
 
     def __init__(self, layout: ModelLayout) -> None:
         self.layout = layout
@@ -61,6 +62,9 @@ class ZeroKV:
 
     def read(self, layer: int, start: int, stop: int) -> memoryview:
         return self._zeros[:(stop - start) * self.layout.layer_bytes_per_token(layer)]
+
+    def write_target(self, layer: int, start: int, stop: int) -> memoryview:
+        return memoryview(bytearray((stop - start) * self.layout.layer_bytes_per_token(layer)))
 
 
 def arena_for_budget(trace: PreparedTrace, scale: int, budget: float,
@@ -102,6 +106,8 @@ def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budget
                 for tokens in token_lists:
                     probe = store.probe(tokens)
                     hits += probe.hit_tokens
+                    if probe.hit_tokens:        # an engine loads what it hits: a read
+                        store.load(tokens, probe.hit_tokens, source).wait(timeout_s=30.0)
                     stored += store.save(tokens, source, probe=probe).bytes_written
             results[name] = (hits / trace.input_tokens, stored * scale)
             log(f"  cluster {name:<14} budget {budget:>5.0%}: hit rate "

@@ -1,11 +1,14 @@
 """An in-process model of the store under a byte budget, for replaying traces fast.
 
 It keeps what the real cluster keeps, as whole units — a page over all paged layers, a window
-tail over all SWA layers — and evicts first in, first out, as the server's arena does (it
-reclaims its oldest segment). It shares the page hashing, the window-safe rule and the store
-policies with ``KVStore``, so a replay here and a replay on a real cluster differ only in what
-the model leaves out: per-layer objects, segment granularity, per-server budgets and record
-headers. ``gcache replay --cluster`` measures how far apart that puts them.
+tail over all SWA layers — and evicts as the server's arena does: oldest first (it reclaims its
+oldest segment), except that a unit read since it was stored gets one second chance (the arena
+re-appends values read since they were written where the reclaimed segment reopens). A lookup's
+hit reads its pages and the tail at its boundary, as the engine's load of it does. It shares
+the page hashing, the window-safe rule and the store policies with ``KVStore``, so a replay here
+and a replay on a real cluster differ only in what the model leaves out: per-layer objects,
+segment granularity (a second chance needs room in the reopened segment), per-server budgets
+and record headers. ``gcache replay --cluster`` measures how far apart that puts them.
 
 It also measures what the eviction wastes: a page is *unreachable* while a page before it in its
 prefix is gone, and so is a tail while any page of its prefix is gone; neither can hit until a
@@ -25,8 +28,10 @@ from gcache.kv.policy import PressureGauge, StorePolicy
 from gcache.kv.window import leading, safe_boundary
 
 
-class FifoBudget:
-    """Units of known size, evicted oldest first once their total passes ``budget_bytes``."""
+class SecondChanceBudget:
+    """Units of known size, evicted oldest first once their total passes ``budget_bytes``; a
+    unit ``read`` since it was stored (or since its last second chance) goes to the young end
+    instead, once."""
 
     def __init__(self, budget_bytes: int,
                  on_change: Callable[[bytes, int], None] | None = None) -> None:
@@ -34,6 +39,7 @@ class FifoBudget:
         self.used_bytes = 0
         self.evicted = 0
         self._units: OrderedDict[bytes, int] = OrderedDict()
+        self._read: set[bytes] = set()
         self._on_change = on_change        # (unit, +size) when stored, (unit, -size) evicted
 
     def __contains__(self, unit: bytes) -> bool:
@@ -50,12 +56,22 @@ class FifoBudget:
         if self._on_change:
             self._on_change(unit, size_bytes)
         while self.used_bytes > self.budget_bytes:
-            old, size = self._units.popitem(last=False)
+            old = next(iter(self._units))
+            if old in self._read:
+                self._read.discard(old)
+                self._units.move_to_end(old)
+                continue
+            size = self._units.pop(old)
             self.used_bytes -= size
             self.evicted += 1
             if self._on_change:
                 self._on_change(old, -size)
         return True
+
+    def read(self, unit: bytes) -> None:
+        """A held unit was read: it earns a second chance."""
+        if unit in self._units:
+            self._read.add(unit)
 
 
 class Reachability:
@@ -136,7 +152,8 @@ class StoreModel:
         self._has_tails = not full_layer and bool(layout.swa_layers)
         # Without paged layers a tail needs no page: every held byte can hit.
         self._reach = Reachability(self._page_bytes) if self._has_pages else None
-        self.units = FifoBudget(budget_bytes, self._reach.change if self._reach else None)
+        self.units = SecondChanceBudget(budget_bytes,
+                                        self._reach.change if self._reach else None)
         self._gauge = PressureGauge()
 
     @property
@@ -156,6 +173,7 @@ class StoreModel:
         shared = leading(present) if present is not None else 0
         tail = (lambda b: b"t" + hashes[b - 1] in self.units) if self._has_tails else None
         hit = safe_boundary(n, present, tail)
+        self._read_hit(hashes, hit)
         self._gauge.observe(evicted_total=self.units.evicted, used_bytes=self.units.used_bytes,
                             capacity_bytes=self.units.budget_bytes)
         pressure = self._gauge.next_save()
@@ -172,3 +190,11 @@ class StoreModel:
                     if self.units.add(unit, size):
                         self.stored_bytes += size
         return ModelOutcome(hit, shared)
+
+    def _read_hit(self, hashes: list[bytes], hit: int) -> None:
+        """What loading the hit reads: its pages, and the window tail at its boundary."""
+        if self._has_pages:
+            for h in hashes[:hit]:
+                self.units.read(b"p" + h)
+        if self._has_tails and hit:
+            self.units.read(b"t" + hashes[hit - 1])

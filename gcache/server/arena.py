@@ -285,11 +285,9 @@ class Arena:
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
-        head = self._open
-        if head is not None and head.fill + n_bytes <= self.segment_size:
-            offset = head.index * self.segment_size + head.fill
-            head.fill += n_bytes
-            return head, offset
+        placed = self.allocate_open(n_bytes)
+        if placed is not None:
+            return placed
         span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
         if self.require_clean and not use_reserve and self.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
@@ -314,6 +312,15 @@ class Arena:
         if span == 1:
             self._open = head
         return head, start * self.segment_size + SEGMENT_HEADER_BYTES
+
+    def allocate_open(self, n_bytes: int) -> tuple[Segment, int] | None:
+        """``n_bytes`` from the open segment, or None when it has no room: never evicts."""
+        head = self._open
+        if head is None or head.fill + n_bytes > self.segment_size:
+            return None
+        offset = head.index * self.segment_size + head.fill
+        head.fill += n_bytes
+        return head, offset
 
     def next_record_seq(self) -> int:
         seq = self._next_record_seq

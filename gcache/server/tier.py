@@ -128,6 +128,7 @@ class HotTier:
         # so STAT (every ``gcache.kv`` pressure reading) never walks the index under the lock
         self._index = RecordTable(self.arena.holds_key)
         self._value_bytes = 0
+        self._rescued: list[tuple[bytes, bytes, int, int]] = []   # see ``_evicted``
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
@@ -283,14 +284,21 @@ class HotTier:
             head, record = self._allocate(record_size(len(key), len(value)), ALLOC_WAIT_S)
         except NoSpace:
             return False
+        self._write_committed(key, value, checksum_, group, head, record)
+        self.counters.puts += 1
+        return True
+
+    def _write_committed(self, key: bytes, value: bytes | memoryview, checksum_: int,
+                         group: int, head: Segment, record: int) -> None:
+        """A whole value into its allocated record, the header written once, straight as
+        COMMITTED, after the bytes (a crash in between leaves a header that fails its check),
+        and made ``key``'s (under ``_lock``)."""
         start = value_offset(record, len(key))
         self.arena.view[start:start + len(value)] = value
         self.arena.write_record_header(record, state=STATE_COMMITTED, key=key,
                                        length=len(value), checksum=checksum_,
                                        seq=self.arena.next_record_seq(), group=group)
         self._point(key, self._index.hash(key), record, len(value), head)
-        self.counters.puts += 1
-        return True
 
     def abort(self, handle: int) -> None:
         """Drop a pending write (its bytes stay unreachable until the span is evicted)."""
@@ -400,7 +408,7 @@ class HotTier:
             try:
                 # Never waits: a wait lets go of the lock, and a put of the key committed
                 # meanwhile would get an older sequence number than these tombstones.
-                _, record = self.arena.allocate(2 * one)
+                _, record = self._arena_allocate(2 * one)
             except NoSpace:
                 log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True
@@ -484,7 +492,7 @@ class HotTier:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return self.arena.allocate(n_bytes)
+                return self._arena_allocate(n_bytes)
             except NoSpace:
                 left = deadline - time.monotonic()
                 if not self.cold_backed or left <= 0 or not self.arena.has_dirty_unpinned():
@@ -492,17 +500,54 @@ class HotTier:
                 self.space.notify_all()
                 self.space.wait(min(left, 0.05))
 
+    def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False) -> tuple[Segment, int]:
+        """``arena.allocate`` (under ``_lock``), then the second chances of what it evicted."""
+        placed = self.arena.allocate(n_bytes, use_reserve=use_reserve)
+        if self._rescued:
+            self._rescue()
+        return placed
+
+    def _rescue(self) -> None:
+        """Re-append the values an eviction kept aside (read since they were written) in the
+        segment the eviction opened, as far as it has room; the rest is evicted after all.
+        Their new records are young and unread: a value earns one chance per read."""
+        rescued, self._rescued = self._rescued, []
+        for key, value, checksum_, group in rescued:
+            placed = self.arena.allocate_open(record_size(len(key), len(value)))
+            if placed is None:
+                self.counters.evicted_objects += 1
+                continue
+            self._write_committed(key, value, checksum_, group, *placed)
+            self.counters.second_chances += 1
+
     def _evicted(self, head: Segment) -> None:
         """Arena callback under ``_lock``: forget the records of a span about to be reused.
-        In a clean span they are on disk or were re-appended: only without a cold tier is this
-        the end of them."""
+        In a clean span they are on disk or were re-appended by the demoter. Without a cold
+        tier, the values read since they were written are copied aside for a second chance
+        (``_rescue``, once the span is reused): a hit refreshes a sequence's prefix, so a head
+        that requests keep reading stays while the pages nobody came back for go (a prefix
+        store that evicts by age alone drops the shared heads first, and with them the
+        reach of every page below)."""
         start, end = self._span_bytes(head)
         removed = self._index.remove_in(dict.fromkeys(head.hashes), start, end)
         self._value_bytes -= self.arena.sum_lengths(removed)
-        dropped = len(removed)
         if not self.cold_backed:
-            self.counters.evicted_objects += dropped
+            kept = self._read_since_written(removed) if head.span == 1 else []
+            self._rescued.extend(kept)
+            self.counters.evicted_objects += len(removed) - len(kept)
         self.counters.evicted_segments += 1
+
+    def _read_since_written(self, records: list[int]) -> list[tuple[bytes, bytes, int, int]]:
+        """(key, value, checksum, group) of the records leased since they were written."""
+        out, view = [], self.arena.view
+        for record in sorted(records):
+            _, _, read, key_len, length, checksum_, _, group, _ = RECORD.unpack_from(view, record)
+            if read:
+                start = record + RECORD.size
+                value = value_offset(record, key_len)
+                out.append((bytes(view[start:start + key_len]),
+                            bytes(view[value:value + length]), checksum_, group))
+        return out
 
     # ---- demotion support (``tiered.Demoter``) ---------------------------------------------
 
@@ -528,8 +573,8 @@ class HotTier:
             if self._index.get(entry.key, hash_) != entry.record:
                 return True
             try:
-                head, record = self.arena.allocate(record_size(len(entry.key), entry.length),
-                                                   use_reserve=True)
+                head, record = self._arena_allocate(record_size(len(entry.key), entry.length),
+                                                    use_reserve=True)
             except NoSpace:
                 return False
             moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,

@@ -183,3 +183,31 @@ def test_an_arena_its_tmpfs_cannot_hold_is_refused_before_a_page_is_touched():
         for suffix in ("", ".key"):
             if os.path.exists(f"/dev/shm/{name}{suffix}"):
                 os.unlink(f"/dev/shm/{name}{suffix}")
+
+
+def test_a_value_read_since_it_was_written_gets_a_second_chance_once(tier):
+    """Eviction by age alone drops a prefix's shared head first; a value read since it was
+    written is re-appended where the evicted segment reopens (once per read), and the
+    values nobody came back for go in its place."""
+    value = b"v" * (SEG // 4 - 256)              # four records per segment, 32 in the arena
+    old = [f"old{i}".encode() for i in range(4)]
+    for key in old:
+        put(tier, key, value)
+    assert read(tier, old[0]) == value and read(tier, old[2]) == value
+
+    def turn(tag: str) -> None:                  # a whole arena of new values: every segment
+        for i in range(32):                      # is reclaimed once
+            put(tier, f"{tag}{i}".encode(), value)
+
+    turn("a")                                    # exists() is no read: it earns nothing
+    assert [tier.exists(k) for k in old] == [True, False, True, False]
+    assert tier.stats()["second_chances"] == 2
+    assert read(tier, old[0]) == value
+    turn("b")
+    assert [tier.exists(k) for k in old] == [True, False, False, False]
+    assert tier.stats()["second_chances"] == 3
+    turn("c")                                    # unread through a whole turn: gone at last
+    assert not any(tier.exists(k) for k in old)
+    stats = tier.stats()
+    assert stats["bytes"] == stats["objects"] * len(value)
+    assert stats["evicted_objects"] + stats["objects"] == 4 + 3 * 32
