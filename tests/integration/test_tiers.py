@@ -67,7 +67,8 @@ def test_one_batch_of_three_arenas_from_disk_reads_every_value(cluster_factory, 
             assert client.put(key, value(i)), i
         got = client.batch_get(keys)
         misses = client.stats()["misses_by_reason"]
-    assert [i for i in range(n) if got[i] != value(i)] == [], (misses, [None if got[i] is None else len(got[i]) for i in range(n) if got[i] != value(i)])
+    wrong = [i for i in range(n) if got[i] != value(i)]
+    assert wrong == [], (misses, [None if got[i] is None else len(got[i]) for i in wrong])
     assert misses.get("absent", 0) == 0 and misses.get("no_space", 0) == 0, misses
 
 

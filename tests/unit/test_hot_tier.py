@@ -7,7 +7,7 @@ import pytest
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import checksum
-from gcache.server.tier import HotTier
+from gcache.server.tier import HotTier, Stored
 
 SEG = 64 * 1024
 
@@ -211,3 +211,29 @@ def test_a_value_read_since_it_was_written_gets_a_second_chance_once(tier):
     stats = tier.stats()
     assert stats["bytes"] == stats["objects"] * len(value)
     assert stats["evicted_objects"] + stats["objects"] == 4 + 3 * 32
+
+
+def test_second_chances_never_take_the_segment_of_the_record_that_needed_the_room():
+    """Re-appending read values may reclaim more segments; in a two-segment arena the next
+    oldest is the one just opened for the caller's record, which is not written yet."""
+    t = HotTier(name=f"gcache-unit-{uuid.uuid4().hex[:8]}", size_bytes=2 * SEG,
+                segment_size=SEG, prefault=False, lease_ttl_s=60.0)
+    try:
+        value = b"r" * (SEG // 4 - 256)
+        written = {}
+        for round_ in range(12):
+            for i in range(4):
+                key = f"k{round_}-{i}".encode()
+                items = [(key, memoryview(value), checksum(value))]
+                assert t.put_many(items) == [Stored.OK]
+                written[key] = value
+            for key in list(written)[-6:]:
+                if t.exists(key):
+                    assert read(t, key) == value          # read: a second chance each time
+        for key in written:
+            got = read(t, key)
+            assert got is None or got == value
+        stats = t.stats()
+        assert stats["second_chances"] > 0 and stats["bytes"] == stats["objects"] * len(value)
+    finally:
+        t.close(unlink=True)
