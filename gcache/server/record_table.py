@@ -67,29 +67,17 @@ class RecordTable:
 
     def get(self, key: bytes, hash_: int | None = None) -> int:
         """The record of ``key``, or -1."""
-        h = self.hash(key) if hash_ is None else hash_
-        slots, i = self._slots, (h >> self._shift) << 1
-        while True:
-            found = slots[i]
-            if found == EMPTY:
-                return -1
-            if found == h and self._matches(slots[i + 1], key):
-                return slots[i + 1]
-            i += 2
+        i, _ = self._probe(key, hash_)
+        return -1 if self._slots[i] == EMPTY else self._slots[i + 1]
 
     def put(self, key: bytes, record: int, hash_: int | None = None) -> int:
         """Point ``key`` at ``record``; returns the record it replaced, or -1."""
-        h = self.hash(key) if hash_ is None else hash_
-        slots, i = self._slots, (h >> self._shift) << 1
-        while True:
-            found = slots[i]
-            if found == EMPTY:
-                break
-            if found == h and self._matches(slots[i + 1], key):
-                old = slots[i + 1]
-                slots[i + 1] = record
-                return old
-            i += 2
+        i, h = self._probe(key, hash_)
+        slots = self._slots
+        if slots[i] != EMPTY:
+            old = slots[i + 1]
+            slots[i + 1] = record
+            return old
         if i + 2 >= len(slots) or self._count + 1 > MAX_LOAD * (1 << self._bits):
             self._resize(self._bits + 1)
             return self.put(key, record, h)
@@ -99,16 +87,21 @@ class RecordTable:
 
     def remove(self, key: bytes, hash_: int | None = None) -> int:
         """Forget ``key``; returns its record, or -1 when it was absent."""
+        i, _ = self._probe(key, hash_)
+        if self._slots[i] == EMPTY:
+            return -1
+        record = self._slots[i + 1]
+        self._delete_at(i)
+        return record
+
+    def _probe(self, key: bytes, hash_: int | None) -> tuple[int, int]:
+        """(slot of ``key``, or the empty slot that ends its run; the key's hash)."""
         h = self.hash(key) if hash_ is None else hash_
         slots, i = self._slots, (h >> self._shift) << 1
         while True:
             found = slots[i]
-            if found == EMPTY:
-                return -1
-            if found == h and self._matches(slots[i + 1], key):
-                record = slots[i + 1]
-                self._delete_at(i)
-                return record
+            if found == EMPTY or (found == h and self._matches(slots[i + 1], key)):
+                return i, h
             i += 2
 
     def find_in(self, hashes: Iterable[int], start: int, end: int) -> list[int]:
