@@ -15,8 +15,12 @@ Invariants (all under ``_lock``; value bytes are copied outside it, protected by
 - Replacing or deleting a key leaves the old record's bytes in place until its span is evicted,
   so a reader holding a lease on the old value still reads intact bytes.
 
-Eviction is the arena's (oldest unpinned span). ``evicted`` is the seam where the tiering issue
-will demote records to disk instead of dropping them.
+Eviction is the arena's (oldest unpinned span). With a cold tier the demoter empties a span
+first (``tiered``); without one, ``_evicted`` and ``_rescue`` give each value read since it was
+written a second chance, re-appended at the young end.
+
+The index is a ``RecordTable`` (key hash -> record offset, 16 bytes a slot); everything else
+about a value is read from its record's header when needed (``Entry``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -133,7 +138,8 @@ class HotTier:
         # so STAT (every ``gcache.kv`` pressure reading) never walks the index under the lock
         self._index = RecordTable(self.arena.holds_key)
         self._value_bytes = 0
-        self._rescued: list[tuple[bytes, bytes, int, int]] = []   # see ``_evicted``
+        # values an eviction copied aside for a second chance, until ``_rescue`` places them
+        self._rescued: deque[tuple[bytes, bytes, int, int]] = deque()
         self._pins: dict[int, Pin] = {}
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
@@ -524,10 +530,9 @@ class HotTier:
         queue): so a read value moves to the young end and the oldest unread ones go in its
         place, as far as that bound allows (the rest is evicted after all). The new records
         are young and unread: a value earns one chance per read."""
-        extra, i = 0, 0
-        while i < len(self._rescued):
-            key, value, checksum_, group = self._rescued[i]
-            i += 1
+        extra = 0
+        while self._rescued:       # taken as placed: one segment's copies held at a time
+            key, value, checksum_, group = self._rescued.popleft()
             size = record_size(len(key), len(value))
             placed = self.arena.allocate_open(size)
             if placed is None and extra < RESCUE_SEGMENTS:
@@ -541,7 +546,6 @@ class HotTier:
                 continue
             self._write_committed(key, value, checksum_, group, *placed)
             self.counters.second_chances += 1
-        self._rescued = []
 
     def _evicted(self, head: Segment) -> None:
         """Arena callback under ``_lock``: forget the records of a span about to be reused.
