@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gcache.cli import arenas, explain, replay, top
+from gcache.cli import arenas, explain, plan, replay, top
 from gcache.config import parse_size
 from gcache.errors import GCacheError, InvalidRequest
 
@@ -258,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument("--deny", help="NIC names that never carry data (a front-end NIC)")
     topology.set_defaults(run=_topology)
     replay.add_parser(sub)
+    plan.add_parser(sub)
     arenas.add_parser(sub)
     top.add_parser(sub)
     explain.add_parser(sub)
