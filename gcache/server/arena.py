@@ -276,12 +276,15 @@ class Arena:
 
     # ---- allocation -------------------------------------------------------------------------
 
-    def allocate(self, n_bytes: int, *, use_reserve: bool = False) -> tuple[Segment, int]:
+    def allocate(self, n_bytes: int, *, use_reserve: bool = False,
+                 older_than: int | None = None) -> tuple[Segment, int]:
         """Reserve ``n_bytes``; returns the head segment and the absolute offset.
 
         With ``require_clean``, the last reusable segment is a reserve that only a caller
         passing ``use_reserve`` (the demoter, re-appending) may open, so cleaning can always
-        make progress. Raises NoSpace when every window large enough touches a pinned span.
+        make progress. With ``older_than``, only spans claimed before that age (``claims``)
+        may be reclaimed. Raises NoSpace when every window large enough touches a pinned span
+        (or a younger one).
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
@@ -291,11 +294,12 @@ class Arena:
         span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
         if self.require_clean and not use_reserve and self.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
-        self._open = None
-        start = self._choose_window(span)
+        start = self._choose_window(span, older_than)
         if start is None:
+            pinned = sum(s.head == s.index and s.pins > 0 for s in self.segments)
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
-                          "bytes to evict")
+                          f"bytes to evict ({pinned} of {len(self.segments)} spans pinned)")
+        self._open = None            # a failed claim keeps the open segment's room for others
         for index in range(start, start + span):
             if self.segments[index].head >= 0:
                 self._evict_span(self.segments[self.segments[index].head])
@@ -339,8 +343,14 @@ class Arena:
             self._next_seq = max(self._next_seq, age + 1)
         self._next_record_seq = max(self._next_record_seq, max_record_seq + 1)
 
-    def _choose_window(self, span: int) -> int | None:
-        """Start of the window whose newest occupied member is oldest; free segments age -1."""
+    @property
+    def claims(self) -> int:
+        """Spans claimed so far: the age the next claimed span gets."""
+        return self._next_seq
+
+    def _choose_window(self, span: int, older_than: int | None = None) -> int | None:
+        """Start of the window whose newest occupied member is oldest (and claimed before
+        ``older_than`` when given); free segments age -1."""
         best, best_age = None, None
         age: int | None                   # None: a pinned (or unclean) span rules the window out
         for start in range(len(self.segments) - span + 1):
@@ -354,7 +364,8 @@ class Arena:
                     age = None
                     break
                 age = max(age, head.seq)
-            if age is not None and (best_age is None or age < best_age):
+            if age is not None and (best_age is None or age < best_age) \
+                    and (older_than is None or age < older_than):
                 best, best_age = start, age
                 if age == -1:
                     break

@@ -529,8 +529,13 @@ class HotTier:
         up to ``RESCUE_SEGMENTS`` more reclaimed for them (their own read values join the
         queue): so a read value moves to the young end and the oldest unread ones go in its
         place, as far as that bound allows (the rest is evicted after all). The new records
-        are young and unread: a value earns one chance per read."""
+        are young and unread: a value earns one chance per read.
+
+        The sweep reclaims only the older half of the arena: when nearly everything has been
+        read, each re-appended segment reclaims another, and in a small arena a sweep of
+        ``RESCUE_SEGMENTS`` would wrap around to a value acknowledged a moment ago."""
         extra = 0
+        older_half = self.arena.claims - len(self.arena.segments) // 2
         while self._rescued:       # taken as placed: one segment's copies held at a time
             key, value, checksum_, group = self._rescued.popleft()
             size = record_size(len(key), len(value))
@@ -538,7 +543,7 @@ class HotTier:
             if placed is None and extra < RESCUE_SEGMENTS:
                 extra += 1
                 try:
-                    placed = self.arena.allocate(size)
+                    placed = self.arena.allocate(size, older_than=older_half)
                 except NoSpace:
                     placed = None
             if placed is None:

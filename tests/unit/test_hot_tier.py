@@ -91,6 +91,22 @@ def test_when_everything_is_pinned_there_is_no_space(tier):
     tier.alloc(b"new", len(value))
 
 
+def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
+    """A large value that finds every segment pinned must not close the open segment: the
+    small values after it still fit there (else each would need a whole free segment too)."""
+    handles = []
+    for i in range(8):
+        key = f"k{i}".encode()
+        put(tier, key, b"z" * (SEG // 2))        # the newest segment keeps half its room
+        handles.append(tier.lease(key)[0])
+    with pytest.raises(NoSpace, match="8 of 8 spans pinned"):
+        tier.alloc(b"large", SEG - 256)
+    put(tier, b"small", b"s" * 1000)
+    assert read(tier, b"small") == b"s" * 1000
+    for handle in handles:
+        tier.release(handle)
+
+
 def test_values_larger_than_a_segment_take_a_span(tier):
     big = bytes(range(256)) * (3 * SEG // 256)
     put(tier, b"big", big)
@@ -237,3 +253,19 @@ def test_second_chances_never_take_the_segment_of_the_record_that_needed_the_roo
         assert stats["second_chances"] > 0 and stats["bytes"] == stats["objects"] * len(value)
     finally:
         t.close(unlink=True)
+
+
+def test_second_chances_never_sweep_past_the_older_half_of_the_arena(tier):
+    """When every value is read, each re-appended segment reclaims another; in a small arena
+    a sweep of ``RESCUE_SEGMENTS`` would wrap around and evict a value acknowledged a moment
+    ago, before its writer could read it back. The sweep stops at the arena's older half."""
+    value = b"w" * (SEG // 4 - 256)              # four records per segment, 32 in the arena
+    for i in range(31):
+        put(tier, f"read{i}".encode(), value)
+        assert read(tier, f"read{i}".encode()) == value
+    put(tier, b"fresh", value)                   # the last record of the newest segment
+    put(tier, b"next", value)                    # opens a segment: the sweep starts
+    assert read(tier, b"fresh") == value and read(tier, b"next") == value
+    stats = tier.stats()
+    assert stats["second_chances"] > 0 and stats["evicted_objects"] > 0, stats
+    assert stats["bytes"] == stats["objects"] * len(value)
