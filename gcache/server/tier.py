@@ -61,6 +61,11 @@ PUT_MANY_STRIDE = 64     # values ``put_many`` stores per hold of the lock
 # the bound caps one allocation's stall (16 x 16 MiB of copies at most). With 2 the demo's
 # cluster fell 4 points behind the model, which never runs out of room; with 16, 0.15.
 RESCUE_SEGMENTS = 16
+# ... and at most this fraction of the arena's segments: a sweep's copies are writes too, and
+# in a small arena where everything is read a few full sweeps in a row turned the whole arena
+# over within a millisecond, evicting a value before its writer could read it back (the fault
+# suite's 8-segment arena). The demo's and the replay's arenas have 256 segments or more.
+RESCUE_FRACTION = 16
 
 
 class Copied(NamedTuple):
@@ -531,16 +536,17 @@ class HotTier:
         place, as far as that bound allows (the rest is evicted after all). The new records
         are young and unread: a value earns one chance per read.
 
-        The sweep reclaims only the older half of the arena: when nearly everything has been
-        read, each re-appended segment reclaims another, and in a small arena a sweep of
-        ``RESCUE_SEGMENTS`` would wrap around to a value acknowledged a moment ago."""
-        extra = 0
+        The sweep reclaims at most 1/``RESCUE_FRACTION`` of the arena, and only from its older
+        half: when nearly everything has been read, each re-appended segment reclaims another,
+        and in a small arena a sweep of ``RESCUE_SEGMENTS`` wrapped around to a value
+        acknowledged a moment before."""
+        extra, most = 0, min(RESCUE_SEGMENTS, max(1, len(self.arena.segments) // RESCUE_FRACTION))
         older_half = self.arena.claims - len(self.arena.segments) // 2
         while self._rescued:       # taken as placed: one segment's copies held at a time
             key, value, checksum_, group = self._rescued.popleft()
             size = record_size(len(key), len(value))
             placed = self.arena.allocate_open(size)
-            if placed is None and extra < RESCUE_SEGMENTS:
+            if placed is None and extra < most:
                 extra += 1
                 try:
                     placed = self.arena.allocate(size, older_than=older_half)
