@@ -55,6 +55,13 @@ from gcache.server.recovery import scan
 log = logging.getLogger(__name__)
 
 ALLOC_WAIT_S = 2.0       # longest an allocation waits for the demoter before NoSpace
+# Longest an allocation waits for a pin to drop when every span is pinned. Most pins are
+# transfers in flight or a dead peer's, let go within milliseconds; refusing at once failed
+# puts in a row while peers that die holding allocations held the last spans (the fault suite's
+# hostile-peers scenario). A pin that holds on longer is met with NoSpace, not a stall; and
+# once a wait has run out, allocations refuse at once until some span is unpinned (a batch of
+# a thousand ALLOCs into a pinned arena must not take a thousand waits).
+PIN_WAIT_S = 0.25
 PUT_MANY_STRIDE = 64     # values ``put_many`` stores per hold of the lock
 # Segments one allocation may reclaim more to re-append read values (a CLOCK hand's sweep, cut
 # short): each re-append answers one earlier read, so the work is bounded by reads over time;
@@ -146,6 +153,7 @@ class HotTier:
         # values an eviction copied aside for a second chance, until ``_rescue`` places them
         self._rescued: deque[tuple[bytes, bytes, int, int]] = deque()
         self._pins: dict[int, Pin] = {}
+        self._pins_starved = False      # a wait for a pin ran out; none unpinned since
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
         self.counters = TierCounters()
@@ -244,7 +252,7 @@ class HotTier:
         else:
             actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
         with self._lock:
-            entry.head.pins -= 1
+            self._unpin(entry.head)
             self.counters.whole_hashes += not streamed
             if actual != expected:
                 self.counters.checksum_failures += 1
@@ -278,6 +286,7 @@ class HotTier:
         out = [Stored.OK if checksum(value) == expected else Stored.MISMATCH
                for _, value, expected in values]
         committed: list[bytes] = []
+        wait_s = ALLOC_WAIT_S                  # once: after a refusal the rest would wait too
         for first in range(0, len(values), PUT_MANY_STRIDE):
             with self._lock:
                 for i in range(first, min(len(values), first + PUT_MANY_STRIDE)):
@@ -285,8 +294,8 @@ class HotTier:
                         self.counters.checksum_failures += 1
                         continue
                     key, value, expected = values[i]
-                    if not self._store_whole(key, value, expected, group):
-                        out[i] = Stored.NO_SPACE
+                    if not self._store_whole(key, value, expected, group, wait_s):
+                        out[i], wait_s = Stored.NO_SPACE, 0.0
                         continue
                     committed.append(key)
         if self.on_commit is not None:
@@ -294,10 +303,11 @@ class HotTier:
                 self.on_commit(key)
         return out
 
-    def _store_whole(self, key: bytes, value: memoryview, checksum_: int, group: int) -> bool:
+    def _store_whole(self, key: bytes, value: memoryview, checksum_: int, group: int,
+                     wait_s: float) -> bool:
         """One ``put_many`` value, under ``_lock``; False when there is no room."""
         try:
-            head, record = self._allocate(record_size(len(key), len(value)), ALLOC_WAIT_S)
+            head, record = self._allocate(record_size(len(key), len(value)), wait_s)
         except NoSpace:
             return False
         self._write_committed(key, value, checksum_, group, head, record)
@@ -395,7 +405,7 @@ class HotTier:
             if pin is None or pin.pending:
                 return False
             del self._pins[handle]
-            pin.entry.head.pins -= 1
+            self._unpin(pin.entry.head)
             return True
 
     def exists(self, key: bytes) -> bool:
@@ -468,8 +478,16 @@ class HotTier:
             pin.expired = True
             return False
         del self._pins[handle]
-        pin.entry.head.pins -= 1
+        self._unpin(pin.entry.head)
         return True
+
+    def _unpin(self, head: Segment) -> None:
+        """One pin of ``head`` let go (under ``_lock``); an allocation may be waiting for the
+        span to become reclaimable."""
+        head.pins -= 1
+        if head.pins == 0:
+            self._pins_starved = False
+            self.space.notify_all()
 
     def _point(self, key: bytes, hash_: int, record: int, length: int, head: Segment) -> None:
         """Make ``record`` (in the span ``head``) ``key``'s value, and mark the record it
@@ -503,18 +521,27 @@ class HotTier:
 
     def _allocate(self, n_bytes: int, wait_s: float) -> tuple[Segment, int]:
         """``arena.allocate`` under ``_lock``; with a cold tier, waits up to ``wait_s`` for
-        the demoter to clean a span instead of dropping live data. Does not wait when nothing
-        is left to clean (every span pinned, say by the leases of one huge batch)."""
-        deadline = time.monotonic() + wait_s
+        the demoter to clean a span instead of dropping live data. When nothing is left to
+        clean (every span pinned, say by the leases of one huge batch), waits up to
+        ``PIN_WAIT_S`` of ``wait_s`` for a pin to drop."""
+        started = time.monotonic()
+        deadline, pins_deadline = started + wait_s, started + min(wait_s, PIN_WAIT_S)
+        waited_for_pins = False
         while True:
             try:
                 return self._arena_allocate(n_bytes)
             except NoSpace:
-                left = deadline - time.monotonic()
-                if not self.cold_backed or left <= 0 or not self.arena.has_dirty_unpinned():
+                now = time.monotonic()
+                if self.cold_backed and now < deadline and self.arena.has_dirty_unpinned():
+                    self.space.notify_all()
+                    self.space.wait(min(deadline - now, 0.05))
+                elif now < pins_deadline and n_bytes <= self.arena.size_bytes \
+                        and not self._pins_starved:
+                    waited_for_pins = True
+                    self.space.wait(pins_deadline - now)
+                else:
+                    self._pins_starved |= waited_for_pins        # and in vain
                     raise
-                self.space.notify_all()
-                self.space.wait(min(left, 0.05))
 
     def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False) -> tuple[Segment, int]:
         """``arena.allocate`` (under ``_lock``), then the second chances of what it evicted."""
@@ -655,7 +682,7 @@ class HotTier:
     def settle(self, head: Segment, *, demoted: int) -> None:
         """Unpin a claimed span and mark it clean: its space may now be reused."""
         with self._lock:
-            head.pins -= 1
+            self._unpin(head)
             head.clean = True
             self.counters.demoted_objects += demoted
             self.space.notify_all()

@@ -1,5 +1,6 @@
 """The hot tier in-process: allocation, commit, leases, eviction order (real shared memory)."""
 
+import threading
 import time
 import uuid
 
@@ -89,6 +90,53 @@ def test_when_everything_is_pinned_there_is_no_space(tier):
         tier.alloc(b"new", len(value))
     tier.release(handles[0])
     tier.alloc(b"new", len(value))
+
+
+def test_an_allocation_that_finds_every_span_pinned_waits_for_a_pin_to_drop(tier):
+    """Pins are mostly transfers in flight or a dead peer's, let go within milliseconds: a
+    writer waits for one (``PIN_WAIT_S``) instead of being refused at once."""
+    value = b"z" * (SEG - 256)
+    handles = []
+    for i in range(8):
+        put(tier, f"k{i}".encode(), value)
+        handles.append(tier.lease(f"k{i}".encode())[0])
+    got: list[object] = []
+    writer = threading.Thread(target=lambda: got.append(tier.alloc(b"new", len(value),
+                                                                   wait_s=60.0)))
+    writer.start()
+    time.sleep(0.05)             # most likely waiting by now; the test holds either way
+    tier.release(handles[0])
+    writer.join(60)
+    assert len(got) == 1 and isinstance(got[0], tuple), got
+    handle, _, target = got[0]
+    target.release()
+    tier.abort(handle)
+    for handle in handles[1:]:
+        tier.release(handle)
+
+
+def test_once_a_wait_for_a_pin_runs_out_allocations_refuse_at_once_until_one_drops(tier):
+    """A batch of ALLOCs into an arena pinned full must not take a wait each."""
+    value = b"z" * (SEG - 256)
+    handles = []
+    for i in range(8):
+        put(tier, f"k{i}".encode(), value)
+        handles.append(tier.lease(f"k{i}".encode())[0])
+    with pytest.raises(NoSpace):
+        tier.alloc(b"first", len(value))            # waits PIN_WAIT_S in vain
+
+    def no_wait(timeout=None):
+        raise AssertionError(f"waited again ({timeout} s)")
+
+    tier.space.wait = no_wait
+    with pytest.raises(NoSpace):
+        tier.alloc(b"second", len(value))
+    tier.release(handles[0])
+    handle, _, target = tier.alloc(b"third", len(value))
+    target.release()
+    tier.abort(handle)
+    for handle in handles[1:]:
+        tier.release(handle)
 
 
 def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
