@@ -80,12 +80,18 @@ def test_a_lease_pins_its_segment_against_eviction(tier):
     assert read(tier, b"pinned") is None
 
 
-def test_when_everything_is_pinned_there_is_no_space(tier):
-    value = b"z" * (SEG - 256)
+def lease_every_segment(tier, value: bytes, segments: int = 8) -> list[int]:
+    """One value a segment, each leased: the lease handles."""
     handles = []
-    for i in range(8):
+    for i in range(segments):
         put(tier, f"k{i}".encode(), value)
         handles.append(tier.lease(f"k{i}".encode())[0])
+    return handles
+
+
+def test_when_everything_is_pinned_there_is_no_space(tier):
+    value = b"z" * (SEG - 256)
+    handles = lease_every_segment(tier, value)
     with pytest.raises(NoSpace):
         tier.alloc(b"new", len(value))
     tier.release(handles[0])
@@ -96,10 +102,7 @@ def test_an_allocation_that_finds_every_span_pinned_waits_for_a_pin_to_drop(tier
     """Pins are mostly transfers in flight or a dead peer's, let go within milliseconds: a
     writer waits for one (``PIN_WAIT_S``) instead of being refused at once."""
     value = b"z" * (SEG - 256)
-    handles = []
-    for i in range(8):
-        put(tier, f"k{i}".encode(), value)
-        handles.append(tier.lease(f"k{i}".encode())[0])
+    handles = lease_every_segment(tier, value)
     got: list[object] = []
     writer = threading.Thread(target=lambda: got.append(tier.alloc(b"new", len(value),
                                                                    wait_s=60.0)))
@@ -118,10 +121,7 @@ def test_an_allocation_that_finds_every_span_pinned_waits_for_a_pin_to_drop(tier
 def test_once_a_wait_for_a_pin_runs_out_allocations_refuse_at_once_until_one_drops(tier):
     """A batch of ALLOCs into an arena pinned full must not take a wait each."""
     value = b"z" * (SEG - 256)
-    handles = []
-    for i in range(8):
-        put(tier, f"k{i}".encode(), value)
-        handles.append(tier.lease(f"k{i}".encode())[0])
+    handles = lease_every_segment(tier, value)
     with pytest.raises(NoSpace):
         tier.alloc(b"first", len(value))            # waits PIN_WAIT_S in vain
 
@@ -142,11 +142,7 @@ def test_once_a_wait_for_a_pin_runs_out_allocations_refuse_at_once_until_one_dro
 def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
     """A large value that finds every segment pinned must not close the open segment: the
     small values after it still fit there (else each would need a whole free segment too)."""
-    handles = []
-    for i in range(8):
-        key = f"k{i}".encode()
-        put(tier, key, b"z" * (SEG // 2))        # the newest segment keeps half its room
-        handles.append(tier.lease(key)[0])
+    handles = lease_every_segment(tier, b"z" * (SEG // 2))   # the newest keeps half its room
     with pytest.raises(NoSpace, match="8 of 8 spans pinned"):
         tier.alloc(b"large", SEG - 256)
     put(tier, b"small", b"s" * 1000)
