@@ -162,6 +162,9 @@ class RecordFields(NamedTuple):     # a tuple: a frozen dataclass took 1.5 us to
     read: bool           # leased since it was written (``mark_read``)
 
 
+NEVER_WRITTEN = -(1 << 62)
+
+
 @dataclass(slots=True)
 class Segment:
     index: int
@@ -174,6 +177,9 @@ class Segment:
     # finds their index slots without a key object per record or a scan of the whole index
     hashes: array[int] = field(default_factory=lambda: array("Q"))
     clean: bool = False           # its live records are safe elsewhere (demoted or re-appended)
+    # ``Arena.written`` just after the last value a client wrote here (heads only): the span is
+    # young (``Arena.is_young``) until a quarter arena more has been written
+    fresh_mark: int = NEVER_WRITTEN
 
 
 def _check_room(fd: int, path: str, size_bytes: int) -> None:
@@ -248,6 +254,7 @@ class Arena:
         self._open: Segment | None = None
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
+        self.written = 0                  # bytes of values clients wrote, copies not counted
         self._on_evict = on_evict
         self.require_clean = False    # with a cold tier, only clean spans may be reused
 
@@ -277,24 +284,26 @@ class Arena:
     # ---- allocation -------------------------------------------------------------------------
 
     def allocate(self, n_bytes: int, *, use_reserve: bool = False,
-                 older_than: int | None = None) -> tuple[Segment, int]:
+                 older_than: int | None = None, fresh: bool = True) -> tuple[Segment, int]:
         """Reserve ``n_bytes``; returns the head segment and the absolute offset.
 
         With ``require_clean``, the last reusable segment is a reserve that only a caller
         passing ``use_reserve`` (the demoter, re-appending) may open, so cleaning can always
         make progress. With ``older_than``, only spans claimed before that age (``claims``)
-        may be reclaimed. Raises NoSpace when every window large enough touches a pinned span
-        (or a younger one).
+        may be reclaimed. ``fresh``: a client's value, not a copy of one already stored; a
+        copy never reclaims a young span (``is_young``), and a fresh value does so only when
+        every other candidate is young too. Raises NoSpace when every window large enough
+        touches a pinned span (or a younger one, or for a copy a young one).
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
-        placed = self.allocate_open(n_bytes)
+        placed = self.allocate_open(n_bytes, fresh=fresh)
         if placed is not None:
             return placed
         span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
         if self.require_clean and not use_reserve and self.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
-        start = self._choose_window(span, older_than)
+        start = self._choose_window(span, older_than, spare_young=not fresh)
         if start is None:
             pinned = sum(s.head == s.index and s.pins > 0 for s in self.segments)
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
@@ -305,7 +314,9 @@ class Arena:
                 self._evict_span(self.segments[self.segments[index].head])
         head = self.segments[start]
         head.seq, head.span, head.pins, head.clean = self._next_seq, span, 0, False
-        head.fill = SEGMENT_HEADER_BYTES + n_bytes
+        head.fill, head.fresh_mark = SEGMENT_HEADER_BYTES + n_bytes, NEVER_WRITTEN
+        if fresh:
+            self._mark_fresh(head, n_bytes)
         self._next_seq += 1
         for index in range(start, start + span):
             self.segments[index].head = start
@@ -317,14 +328,27 @@ class Arena:
             self._open = head
         return head, start * self.segment_size + SEGMENT_HEADER_BYTES
 
-    def allocate_open(self, n_bytes: int) -> tuple[Segment, int] | None:
+    def allocate_open(self, n_bytes: int, *, fresh: bool = True) -> tuple[Segment, int] | None:
         """``n_bytes`` from the open segment, or None when it has no room: never evicts."""
         head = self._open
         if head is None or head.fill + n_bytes > self.segment_size:
             return None
         offset = head.index * self.segment_size + head.fill
         head.fill += n_bytes
+        if fresh:
+            self._mark_fresh(head, n_bytes)
         return head, offset
+
+    def is_young(self, head: Segment) -> bool:
+        """Whether a client wrote a value into this span within the last quarter arena of
+        client writes. Second chances re-append read values at the young end, ahead of values
+        written before them that nobody has read yet; without this a sweep of copies in a
+        small arena could come round to a value acknowledged a moment before."""
+        return self.written - head.fresh_mark < self.size_bytes // 4
+
+    def _mark_fresh(self, head: Segment, n_bytes: int) -> None:
+        self.written += n_bytes
+        head.fresh_mark = self.written
 
     def next_record_seq(self) -> int:
         seq = self._next_record_seq
@@ -348,13 +372,16 @@ class Arena:
         """Spans claimed so far: the age the next claimed span gets."""
         return self._next_seq
 
-    def _choose_window(self, span: int, older_than: int | None = None) -> int | None:
+    def _choose_window(self, span: int, older_than: int | None = None, *,
+                       spare_young: bool = False) -> int | None:
         """Start of the window whose newest occupied member is oldest (and claimed before
-        ``older_than`` when given); free segments age -1."""
+        ``older_than`` when given), among those with no young span (``is_young``) if any,
+        else (unless ``spare_young``) among all; free segments age -1."""
         best, best_age = None, None
+        young_best, young_age = None, None
         age: int | None                   # None: a pinned (or unclean) span rules the window out
         for start in range(len(self.segments) - span + 1):
-            age = -1
+            age, young = -1, False
             for index in range(start, start + span):
                 seg = self.segments[index]
                 if seg.head < 0:
@@ -363,13 +390,17 @@ class Arena:
                 if head.pins > 0 or (self.require_clean and not head.clean):
                     age = None
                     break
-                age = max(age, head.seq)
-            if age is not None and (best_age is None or age < best_age) \
-                    and (older_than is None or age < older_than):
+                age, young = max(age, head.seq), young or self.is_young(head)
+            if age is None or (older_than is not None and age >= older_than):
+                continue
+            if young:
+                if young_age is None or age < young_age:
+                    young_best, young_age = start, age
+            elif best_age is None or age < best_age:
                 best, best_age = start, age
                 if age == -1:
                     break
-        return best
+        return young_best if best is None and not spare_young else best
 
     def oldest_dirty(self) -> Segment | None:
         """The oldest unpinned span head not yet clean; the open segment is sealed when it is

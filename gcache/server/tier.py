@@ -543,9 +543,11 @@ class HotTier:
                     self._pins_starved |= waited_for_pins        # and in vain
                     raise
 
-    def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False) -> tuple[Segment, int]:
-        """``arena.allocate`` (under ``_lock``), then the second chances of what it evicted."""
-        placed = self.arena.allocate(n_bytes, use_reserve=use_reserve)
+    def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False,
+                        fresh: bool = True) -> tuple[Segment, int]:
+        """``arena.allocate`` (under ``_lock``), then the second chances of what it evicted.
+        ``fresh``: a client's value (not a copy)."""
+        placed = self.arena.allocate(n_bytes, use_reserve=use_reserve, fresh=fresh)
         if self._rescued:
             head = placed[0]
             head.pins += 1          # the caller's record is not written yet: never reclaim it
@@ -572,11 +574,11 @@ class HotTier:
         while self._rescued:       # taken as placed: one segment's copies held at a time
             key, value, checksum_, group = self._rescued.popleft()
             size = record_size(len(key), len(value))
-            placed = self.arena.allocate_open(size)
+            placed = self.arena.allocate_open(size, fresh=False)
             if placed is None and extra < most:
                 extra += 1
                 try:
-                    placed = self.arena.allocate(size, older_than=older_half)
+                    placed = self.arena.allocate(size, older_than=older_half, fresh=False)
                 except NoSpace:
                     placed = None
             if placed is None:
@@ -639,7 +641,7 @@ class HotTier:
                 return True
             try:
                 head, record = self._arena_allocate(record_size(len(entry.key), entry.length),
-                                                    use_reserve=True)
+                                                    use_reserve=True, fresh=False)
             except NoSpace:
                 return False
             moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,
