@@ -284,16 +284,15 @@ class Arena:
     # ---- allocation -------------------------------------------------------------------------
 
     def allocate(self, n_bytes: int, *, use_reserve: bool = False,
-                 older_than: int | None = None, fresh: bool = True) -> tuple[Segment, int]:
+                 fresh: bool = True) -> tuple[Segment, int]:
         """Reserve ``n_bytes``; returns the head segment and the absolute offset.
 
         With ``require_clean``, the last reusable segment is a reserve that only a caller
         passing ``use_reserve`` (the demoter, re-appending) may open, so cleaning can always
-        make progress. With ``older_than``, only spans claimed before that age (``claims``)
-        may be reclaimed. ``fresh``: a client's value, not a copy of one already stored; a
-        copy never reclaims a young span (``is_young``), and a fresh value does so only when
-        every other candidate is young too. Raises NoSpace when every window large enough
-        touches a pinned span (or a younger one, or for a copy a young one).
+        make progress. ``fresh``: a client's value, not a copy of one already stored; a copy
+        never reclaims a young span (``is_young``), and a fresh value does so only when every
+        other candidate is young too. Raises NoSpace when every window large enough touches a
+        pinned span (or, for a copy, a young one).
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
@@ -303,7 +302,7 @@ class Arena:
         span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
         if self.require_clean and not use_reserve and self.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
-        start = self._choose_window(span, older_than, spare_young=not fresh)
+        start = self._choose_window(span, spare_young=not fresh)
         if start is None:
             pinned = sum(s.head == s.index and s.pins > 0 for s in self.segments)
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
@@ -367,16 +366,10 @@ class Arena:
             self._next_seq = max(self._next_seq, age + 1)
         self._next_record_seq = max(self._next_record_seq, max_record_seq + 1)
 
-    @property
-    def claims(self) -> int:
-        """Spans claimed so far: the age the next claimed span gets."""
-        return self._next_seq
-
-    def _choose_window(self, span: int, older_than: int | None = None, *,
-                       spare_young: bool = False) -> int | None:
-        """Start of the window whose newest occupied member is oldest (and claimed before
-        ``older_than`` when given), among those with no young span (``is_young``) if any,
-        else (unless ``spare_young``) among all; free segments age -1."""
+    def _choose_window(self, span: int, *, spare_young: bool = False) -> int | None:
+        """Start of the window whose newest occupied member is oldest, among those with no
+        young span (``is_young``) if any, else (unless ``spare_young``) among all; free
+        segments age -1."""
         best, best_age = None, None
         young_best, young_age = None, None
         age: int | None                   # None: a pinned (or unclean) span rules the window out
@@ -391,7 +384,7 @@ class Arena:
                     age = None
                     break
                 age, young = max(age, head.seq), young or self.is_young(head)
-            if age is None or (older_than is not None and age >= older_than):
+            if age is None:
                 continue
             if young:
                 if young_age is None or age < young_age:

@@ -565,12 +565,11 @@ class HotTier:
         place, as far as that bound allows (the rest is evicted after all). The new records
         are young and unread: a value earns one chance per read.
 
-        The sweep reclaims at most 1/``RESCUE_FRACTION`` of the arena, and only from its older
-        half: when nearly everything has been read, each re-appended segment reclaims another,
-        and in a small arena a sweep of ``RESCUE_SEGMENTS`` wrapped around to a value
-        acknowledged a moment before."""
+        The sweep reclaims at most 1/``RESCUE_FRACTION`` of the arena and never a young span
+        (``Arena.is_young``): when nearly everything has been read, each re-appended segment
+        reclaims another, and in a small arena a sweep of ``RESCUE_SEGMENTS`` wrapped around
+        to a value acknowledged a moment before."""
         extra, most = 0, min(RESCUE_SEGMENTS, max(1, len(self.arena.segments) // RESCUE_FRACTION))
-        older_half = self.arena.claims - len(self.arena.segments) // 2
         while self._rescued:       # taken as placed: one segment's copies held at a time
             key, value, checksum_, group = self._rescued.popleft()
             size = record_size(len(key), len(value))
@@ -578,7 +577,7 @@ class HotTier:
             if placed is None and extra < most:
                 extra += 1
                 try:
-                    placed = self.arena.allocate(size, older_than=older_half, fresh=False)
+                    placed = self.arena.allocate(size, fresh=False)
                 except NoSpace:
                     placed = None
             if placed is None:

@@ -299,10 +299,11 @@ def test_second_chances_never_take_the_segment_of_the_record_that_needed_the_roo
         t.close(unlink=True)
 
 
-def test_second_chances_never_sweep_past_the_older_half_of_the_arena(tier):
+def test_a_second_chance_sweep_never_wraps_round_to_a_value_just_written(tier):
     """When every value is read, each re-appended segment reclaims another; in a small arena
     a sweep of ``RESCUE_SEGMENTS`` would wrap around and evict a value acknowledged a moment
-    ago, before its writer could read it back. The sweep stops at the arena's older half."""
+    ago, before its writer could read it back. The cap on a sweep and the young-span rule
+    each keep it from wrapping."""
     value = b"w" * (SEG // 4 - 256)              # four records per segment, 32 in the arena
     for i in range(31):
         put(tier, f"read{i}".encode(), value)
