@@ -21,6 +21,7 @@ Targets come from the foundation and same-host issues; they are reported, never 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -47,6 +48,8 @@ from timing import threaded_gbps
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
+from gcache.server.arena import ARENA_DIR
+from gcache.server.huge_pages import huge_tmpfs
 from gcache.transport import nixl
 
 MiB = 1 << 20
@@ -130,6 +133,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--bytes-per-run", type=int, default=256 * MiB)
+    parser.add_argument("--arena-dir", help="the server's --arena-dir (default: a tmpfs "
+                        "mounted huge=within_size for the run where this process may mount "
+                        "one, else /dev/shm)")
     args = parser.parse_args()
 
     print("measuring limits: memcpy, raw loopback socket, redis ...", flush=True)
@@ -159,25 +165,60 @@ def main() -> int:
     mooncake = mooncake_figures(args.repeat, args.bytes_per_run)
     if mooncake is not None:
         limits["mooncake"] = mooncake
-    print("measuring gcache (one gcache-server process on loopback) ...", flush=True)
     gcache: dict = {}
-    with LocalCluster(1, memory="1GiB", server_args=("--nixl",)) as cluster:
-        for transport in transports:
-            with Client(cluster.addresses, timeout_s=5.0, io_threads=4,
-                        transport=transport) as client:
-                for size in (MiB, 4 * MiB):
-                    gcache[f"{transport}/{size // MiB}MiB"] = gcache_figures(
-                        client, size, args.repeat, args.bytes_per_run)
-                gcache[f"{transport}/get_into_64KiB_latency"] = latency_ms(client, 64 * 1024)
-        gcache["shm/batch_scaling"] = batch_scaling(cluster.addresses, args.repeat)
+    with contextlib.ExitStack() as stack:
+        huge = None if args.arena_dir else stack.enter_context(huge_tmpfs(2 << 30))
+        arena = args.arena_dir or huge or ARENA_DIR
+        print(f"measuring gcache (one gcache-server process on loopback, its arena in {arena}"
+              f"{', a tmpfs mounted huge=within_size' if huge else ''}) ...", flush=True)
+        with LocalCluster(1, memory="1GiB", server_args=("--nixl",), arena_dir=arena) as cluster:
+            for transport in transports:
+                with Client(cluster.addresses, timeout_s=5.0, io_threads=4,
+                            transport=transport) as client:
+                    for size in (MiB, 4 * MiB):
+                        gcache[f"{transport}/{size // MiB}MiB"] = gcache_figures(
+                            client, size, args.repeat, args.bytes_per_run)
+                    gcache[f"{transport}/get_into_64KiB_latency"] = latency_ms(client, 64 * 1024)
+            gcache["shm/batch_scaling"] = batch_scaling(cluster.addresses, args.repeat)
+    if huge:
+        gcache["small_pages"] = small_pages(transports, args.repeat, args.bytes_per_run)
 
     report = {"date": dt.date.today().isoformat(), "host": platform.node(),
               "cpus": os.cpu_count(), "python": platform.python_version(),
+              "arena": "tmpfs huge=within_size" if huge else arena,
               "repeat": args.repeat, "bytes_per_run": args.bytes_per_run,
               "limits": limits, "gcache": gcache, "ratios": ratios(limits, gcache)}
     print_table(report)
     write_results("dataplane", report, dated=True)
     return 0
+
+
+def small_pages(transports: list[str], repeat: int, total_bytes: int) -> dict[str, float]:
+    """Single-thread 4 MiB ``get_into`` and ``put`` with the arena on /dev/shm's 4 KiB pages,
+    for the comparison that docs/rdma.md's advice to mount a huge-page tmpfs rests on."""
+    print(f"measuring gcache with its arena in {ARENA_DIR} (4 KiB pages) ...", flush=True)
+    figures: dict[str, float] = {}
+    ops = max(8, total_bytes // (4 * MiB))
+    value = np.random.default_rng(4).integers(0, 256, 4 * MiB, dtype=np.uint8)
+    out = np.empty_like(value)
+    with LocalCluster(1, memory="1GiB", server_args=("--nixl",)) as cluster:
+        for transport in transports:
+            with Client(cluster.addresses, timeout_s=5.0, transport=transport) as client:
+                client.register_buffer(value)
+                client.register_buffer(out)
+
+                def put(t: int, i: int) -> None:
+                    assert client.put(f"small/{i % 16}", value)
+
+                def get_into(t: int, i: int) -> None:
+                    assert client.get_into(f"small/{i % 16}", out) == out.nbytes
+
+                for name, op in (("put", put), ("get_into", get_into)):
+                    figures[f"{transport} {name}_t1@4MiB"] = best_of(
+                        repeat, lambda: threaded_gbps(1, ops, out.nbytes, op))
+                client.unregister_buffer(value)
+                client.unregister_buffer(out)
+    return figures
 
 
 MOONCAKE_VENV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -238,6 +279,19 @@ def ratios(limits: dict, gcache: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def small_page_lines(gcache: dict) -> list[str]:
+    """What the arena's huge pages bought, one line per transport (none when not measured)."""
+    lines = []
+    for name, small in gcache.get("small_pages", {}).items():
+        transport, rest = name.split(" ", 1)
+        op = rest.removesuffix("@4MiB")
+        huge = gcache[f"{transport}/4MiB"][op]
+        lines.append(f"{transport} {op.removesuffix('_t1')} 4 MiB, 1 thread: {small:.2f} GB/s "
+                     f"with the arena on 4 KiB pages, {huge:.2f} on huge pages "
+                     f"({huge / small:.2f}x)")
+    return lines
+
+
 TARGETS = {"tcp get_into_t1@4MiB": 0.85, "tcp put_t1@4MiB": 0.7, "tcp get_into_t1@1MiB": 0.75,
            "shm get_into_t1@4MiB": 0.85, "shm put_t1@4MiB": 0.6,
            "nixl get_into_t1@4MiB": 0.8, "nixl put_t1@4MiB": 0.7}
@@ -277,6 +331,8 @@ def print_table(report: dict) -> None:
               f"p99={lat['p99_ms']:.3f} ms  target p50 <= {goal} ms: "
               f"{'met' if lat['p50_ms'] <= goal else 'NOT met'}")
     print(f"{'(raw socket 64KiB round trip)':<32} p50={raw_ms:.3f} ms")
+    for line in small_page_lines(gcache):
+        print(line)
     scaling = gcache["shm/batch_scaling"]
     ours = scaling["io_threads_2_gbps"] / scaling["io_threads_1_gbps"]
     machine = limits["memcpy_2threads_gbps"] / limits["memcpy_gbps"]

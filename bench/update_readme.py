@@ -12,9 +12,17 @@ import os
 import re
 import sys
 
+from dataplane import small_page_lines
+
 from gcache.kv.replay import OPTIMAL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def arena_place(arena: str) -> str:
+    if arena == "tmpfs huge=within_size":
+        return "on a tmpfs mounted `huge=within_size` (docs/rdma.md)"
+    return f"in {arena}"
 
 
 def render_dataplane(report: dict) -> str:
@@ -23,7 +31,8 @@ def render_dataplane(report: dict) -> str:
         f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
         f"{report['python']}: one `gcache-server` on loopback, the client in another process, "
         "forced to TCP, to shared memory and to NIXL (where installed); best of "
-        f"{report.get('repeat', 3)} runs for every figure, limits included.",
+        f"{report.get('repeat', 3)} runs for every figure, limits included; the server's arena "
+        f"{arena_place(report.get('arena', '/dev/shm'))}.",
         "",
         f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s (two threads at once "
         f"{limits['memcpy_2threads_gbps']:.2f}); raw loopback socket "
@@ -63,6 +72,7 @@ def render_dataplane(report: dict) -> str:
                      f"p99 {lat['p99_ms']:.3f} ms.")
     lines.append(f"- Raw socket 64 KiB round trip: p50 "
                  f"{limits['raw_socket_64KiB_rtt_p50_ms']:.3f} ms.")
+    lines.extend(f"- {line}." for line in small_page_lines(gcache))
     scaling = gcache["shm/batch_scaling"]
     lines.append(f"- `batch_get_into` of 16 × 4 MiB over shared memory: "
                  f"{scaling['io_threads_1_gbps']:.2f} GB/s with 1 IO thread, "

@@ -69,7 +69,9 @@ class ServerConfig:
     listen: str = "127.0.0.1:7700"          # HOST:PORT of the TCP data plane
     memory: int = 1 * GiB                   # bytes of the shared-memory hot tier
     segment_size: int = 16 * MiB            # bytes per arena segment (the eviction unit)
-    shm_name: str = ""                      # /dev/shm file name; "" means gcache-<port>
+    shm_name: str = ""                      # arena file name; "" means gcache-<port>
+    arena_dir: str = "/dev/shm"             # where the arena file lives: a tmpfs; one mounted
+                                            # with huge pages reads faster remotely (docs/rdma.md)
     io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
     max_value_size: int = 1 * GiB           # bytes; larger values are refused
     lease_ttl_s: float = 5.0                # a read lease or pending write pins for this long
@@ -127,6 +129,8 @@ class ServerConfig:
         _check("io_timeout_s", self.io_timeout_s, self.io_timeout_s > 0, "must be positive")
         _check("min_transfer_rate", self.min_transfer_rate, self.min_transfer_rate >= 1,
                "must be positive (bytes per second)")
+        _check("arena_dir", self.arena_dir, os.path.isabs(self.arena_dir),
+               "must be an absolute path (a tmpfs directory such as /dev/shm)")
         _check("shm_name", self.shm_name,
                self.shm_name == "" or bool(SHM_NAME_RULE.match(self.shm_name)), SHM_NAME_TEXT)
         _check("metrics_listen", self.metrics_listen,

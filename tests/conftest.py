@@ -8,6 +8,7 @@ import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
+from gcache.server.arena import ARENA_DIR
 
 FAST_SERVER_ARGS = ("--segment-size", "4MiB", "--lease-ttl", "1.0")
 # A server offers NIXL whenever it imports, and its agent takes about a second of CPU to start:
@@ -45,9 +46,11 @@ def cluster_factory(tmp_path):
     started: list[LocalCluster] = []
 
     def make(n_servers: int = 1, *, memory: str = "64MiB",
-             server_args: tuple[str, ...] = FAST_SERVER_ARGS) -> LocalCluster:
+             server_args: tuple[str, ...] = FAST_SERVER_ARGS,
+             arena_dir: str = ARENA_DIR) -> LocalCluster:
         cluster = LocalCluster(n_servers, memory=memory, server_args=server_args,
-                               log_dir=str(tmp_path / f"cluster{len(started)}"))
+                               log_dir=str(tmp_path / f"cluster{len(started)}"),
+                               arena_dir=arena_dir)
         started.append(cluster)
         cluster.start()
         return cluster

@@ -46,19 +46,21 @@ class LocalCluster:
     def __init__(self, n_servers: int = 2, *, memory: str = "256MiB",
                  server_args: tuple[str, ...] = (), log_dir: str | None = None,
                  ready_timeout_s: float = 30.0, master: str | None = None,
-                 hosts: list[tuple[str, str]] | None = None) -> None:
+                 hosts: list[tuple[str, str]] | None = None, arena_dir: str = SHM_DIR) -> None:
         """``hosts``: per server, a network namespace and the address it listens on there
-        (``ip netns exec``: the server's PID is the Popen's), instead of 127.0.0.1."""
+        (``ip netns exec``: the server's PID is the Popen's), instead of 127.0.0.1.
+        ``arena_dir``: where the servers' arenas live (``--arena-dir``)."""
         if hosts is not None and len(hosts) != n_servers:
             raise InvalidRequest(f"{len(hosts)} hosts for {n_servers} servers")
         self.hosts = hosts
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
+        self.arena_dir = arena_dir
         tag = uuid.uuid4().hex[:8]
         self.servers = [
             ServerProcess(i, f"gcache-{tag}-{i}", os.path.join(self.log_dir, f"server-{i}.log"),
-                          ["--memory", memory, *server_args,
+                          ["--memory", memory, "--arena-dir", arena_dir, *server_args,
                            *(("--master", master, "--heartbeat-interval", "0.5")
                              if master else ())])
             for i in range(n_servers)]
@@ -150,7 +152,7 @@ class LocalCluster:
         for server in self.servers:
             if server.proc is not None:
                 self.terminate(server.index)
-            arena = os.path.join(SHM_DIR, server.shm_name)
+            arena = os.path.join(self.arena_dir, server.shm_name)
             for leftover in (arena, *(arena + suffix for suffix in SIDECARS),
                              f"/tmp/{server.shm_name}.sock"):
                 try:

@@ -124,7 +124,13 @@ class Routes:
         return self._nixl.registered_regions()
 
     def close(self) -> None:
+        """Drop NIXL's peers and unmap the arenas: a closed client must not keep a server's
+        memory mapped (its file could not be freed, nor its tmpfs unmounted)."""
         self._nixl.close()
+        with self._lock:
+            mapped, self._shm = list(self._shm.values()), {}
+        for exchange in mapped:
+            exchange.mapping.close()
 
     def _may_use_nixl(self) -> bool:
         if self._transport == "nixl":

@@ -10,7 +10,8 @@ Invariants:
   allocation that is simply "a free segment, else the oldest unpinned one".
 - A pinned span (a lease or a write in flight) is never evicted or reused.
 
-The file lives in /dev/shm and outlives the process, so a restarted server re-attaches to it
+The file lives in /dev/shm (or ``arena_dir``: a tmpfs mounted with huge pages, ``huge_pages``)
+and outlives the process, so a restarted server re-attaches to it
 (``recovery`` rebuilds the index). For that the arena is self-describing: every claimed span
 starts with a ``SEGMENT`` header (two checked copies) carrying the record sequence number of its
 claim, and every record (``RECORD``) carries its own sequence number, which is always larger:
@@ -53,8 +54,10 @@ import numpy as np
 
 from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT, format_size
 from gcache.errors import ConfigError, NoSpace
+from gcache.server.huge_pages import advise_huge_pages
 
 log = logging.getLogger(__name__)
+ARENA_DIR = "/dev/shm"
 
 # magic, state, read (leased since written; outside the check, so marking it rewrites nothing),
 # key_len, length, checksum, seq, group (xxh3_64 of the placement group the key was put with; 0
@@ -204,14 +207,17 @@ class Arena:
     """
 
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
-                 on_evict: Callable[[Segment], None]) -> None:
+                 on_evict: Callable[[Segment], None], directory: str = ARENA_DIR) -> None:
         count = size_bytes // segment_size
         if count < 2:
             raise ConfigError("memory", size_bytes, "must hold at least two segments")
         if not SHM_NAME_RULE.match(name):
             raise ConfigError("shm_name", name, SHM_NAME_TEXT)
         self.name = name
-        self.path = os.path.join("/dev/shm", name)
+        if not os.path.isdir(directory):
+            raise ConfigError("arena_dir", directory, "is not a directory (a tmpfs such as "
+                              "/dev/shm, or one mounted with huge pages: docs/rdma.md)")
+        self.path = os.path.join(directory, name)
         self.segment_size = segment_size
         self.size_bytes = count * segment_size
         try:
@@ -248,6 +254,7 @@ class Arena:
         self.fd = fd                      # kept open: same-host clients are handed a copy
         self.arena_id = uuid.uuid4().hex  # tells clients a restarted server's arena is new
         self.view = memoryview(self._mmap)
+        advise_huge_pages(self._mmap)      # before the first touch places any page
         if prefault:
             self._prefault()
         self.segments = [Segment(i) for i in range(count)]

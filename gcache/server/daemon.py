@@ -28,6 +28,7 @@ from gcache.proto import master_pb2 as pb
 from gcache.server.cold_store import ColdStore
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
+from gcache.server.huge_pages import huge_page_bytes
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier import HotTier
@@ -71,6 +72,7 @@ class DataServer:
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"
         self.tier: Tier = open_tiers(config, shm_name)
+        self._log_pages()
         self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
                                                                  or f"/tmp/{shm_name}.sock")
         self.unix_listener = (UnixListener(self.unix_path, io_size=config.io_size)
@@ -112,9 +114,21 @@ class DataServer:
         if self.membership is not None:
             self.membership.start()
 
+    def _log_pages(self) -> None:
+        """Say once whether the arena is on huge pages: remote readers (NIXL, a NIC's
+        translation entries) pay per page, and only the mount decides (docs/rdma.md)."""
+        arena = self.tier.arena
+        huge, resident = huge_page_bytes(arena.address)
+        share = huge / resident if resident else 0.0
+        log.info("arena.pages path=%s huge_share=%.2f resident=%d", arena.path, share, resident)
+        if self.config.nixl and resident and share < 0.5:
+            log.info("arena.small_pages path=%s: NIXL readers pin it 4 KiB at a time; an "
+                     "--arena-dir on a tmpfs mounted huge=within_size reads several times "
+                     "faster (docs/rdma.md)", arena.path)
+
     def _membership(self, shm_name: str) -> Membership:
-        places = [os.path.join(d, f"{shm_name}.id") for d in (self.config.disk_dir, "/dev/shm")
-                  if d]
+        places = [os.path.join(d, f"{shm_name}.id")
+                  for d in (self.config.disk_dir, self.config.arena_dir) if d]
         server_id = load_or_create_id(places)
         self.mutable = MutableKeys(places[0].removesuffix(".id") + ".mutable", self.tier.delete)
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
@@ -259,7 +273,7 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
     if not config.disk_dir:
         return HotTier(name=shm_name, size_bytes=config.memory,
                        segment_size=config.segment_size, prefault=config.prefault,
-                       lease_ttl_s=config.lease_ttl_s)
+                       lease_ttl_s=config.lease_ttl_s, arena_dir=config.arena_dir)
     from gcache.server.cold_segments import check_disk_dir
     check_disk_dir(config.disk_dir)
     cold: ColdStore
@@ -271,7 +285,8 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
         os.makedirs(os.path.join(config.disk_dir, "segments"), exist_ok=True)
         cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity)
     hot = HotTier(name=shm_name, size_bytes=config.memory, segment_size=config.segment_size,
-                  prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True)
+                  prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True,
+                  arena_dir=config.arena_dir)
     segments = config.memory // config.segment_size
     # Two reusable segments at least: one for writers, one for second-chance re-appends.
     return TieredStore(hot, cold, headroom_segments=min(segments, max(2, segments // 4)))

@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen", help="HOST:PORT of the TCP data plane")
     parser.add_argument("--memory", help="hot-tier size, e.g. 4GiB")
     parser.add_argument("--segment-size", dest="segment_size", help="arena segment size")
-    parser.add_argument("--shm-name", dest="shm_name", help="/dev/shm file name")
+    parser.add_argument("--shm-name", dest="shm_name", help="arena file name in --arena-dir")
+    parser.add_argument("--arena-dir", dest="arena_dir",
+                        help="tmpfs directory of the arena (default /dev/shm; one mounted with "
+                        "huge pages, docs/rdma.md)")
     parser.add_argument("--io-size", dest="io_size", help="largest single IO, e.g. 1MiB")
     parser.add_argument("--max-value-size", dest="max_value_size", help="largest value")
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")

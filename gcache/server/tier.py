@@ -39,6 +39,7 @@ from typing import NamedTuple
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.server.arena import (
+    ARENA_DIR,
     RECORD,
     STATE_COMMITTED,
     STATE_PENDING,
@@ -137,14 +138,15 @@ class TierCounters:
 
 class HotTier:
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
-                 lease_ttl_s: float, cold_backed: bool = False) -> None:
+                 lease_ttl_s: float, cold_backed: bool = False,
+                 arena_dir: str = ARENA_DIR) -> None:
         self._lock = threading.Lock()
         # Signalled whenever space may have become reusable; a demoter waits on it too.
         self.space = threading.Condition(self._lock)
         self.cold_backed = cold_backed
         self.on_commit: Callable[[bytes], object] | None = None   # after a client's commit
         self.arena = Arena(name=name, size_bytes=size_bytes, segment_size=segment_size,
-                           prefault=prefault, on_evict=self._evicted)
+                           prefault=prefault, on_evict=self._evicted, directory=arena_dir)
         self.arena.require_clean = cold_backed
         # key -> its committed record; the bytes of the values it names kept as a running sum,
         # so STAT (every ``gcache.kv`` pressure reading) never walks the index under the lock

@@ -1,14 +1,20 @@
 """gcache-server as an operator meets it: ready line, clean SIGTERM, clear start errors, metrics."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import urllib.request
 
+import numpy as np
+import pytest
+
 from gcache import Client
 from gcache.frame import Op
 from gcache.sdk.protocol import Channel
+from gcache.server.huge_pages import huge_tmpfs
+from gcache.transport import nixl
 from gcache.transport.tcp import connect
 from tests.helpers import wait_until
 
@@ -30,6 +36,35 @@ def test_sigterm_shuts_down_cleanly_and_keeps_the_arena_for_a_restart(cluster_fa
     cluster.restart(0)
     with Client(cluster.addresses) as client:
         assert client.get("k") == b"v"
+
+
+def test_an_arena_on_a_huge_page_tmpfs_serves_every_transport_and_survives_a_restart(
+        cluster_factory):
+    value = np.random.default_rng(7).integers(0, 256, 5 << 20, dtype=np.uint8)
+    transports = ["tcp", "shm", *(["nixl"] if nixl.available() else [])]
+    with huge_tmpfs(128 << 20) as where:
+        if where is None:
+            pytest.skip("this process may not mount a tmpfs (needs root and CAP_SYS_ADMIN)")
+        cluster = cluster_factory(1, arena_dir=where, server_args=(
+            "--segment-size", "4MiB", *(("--nixl",) if "nixl" in transports else ())))
+        try:
+            server = cluster.servers[0]
+            assert os.path.exists(os.path.join(where, server.shm_name))
+            share = re.search(r"arena.pages path=(\S+) huge_share=([\d.]+)", cluster.tail(server))
+            assert share and share[1] == os.path.join(where, server.shm_name)
+            assert float(share[2]) == 1.0
+            for transport in transports:
+                with Client(cluster.addresses, transport=transport) as client:
+                    assert client.put(f"k-{transport}", value), transport
+                    out = np.empty_like(value)
+                    assert client.get_into("k-tcp", out) == value.nbytes, transport
+                    assert np.array_equal(out, value), transport
+            assert cluster.terminate(0) == 0
+            cluster.restart(0)
+            with Client(cluster.addresses) as client:
+                assert all(client.get(f"k-{t}") == value.tobytes() for t in transports)
+        finally:
+            cluster.stop()                      # the mount goes next: nothing may map it
 
 
 def test_bad_flags_are_clear_errors_at_start():
