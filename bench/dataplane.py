@@ -288,7 +288,7 @@ def small_page_lines(gcache: dict) -> list[str]:
         huge = gcache[f"{transport}/4MiB"][op]
         lines.append(f"{transport} {op.removesuffix('_t1')} 4 MiB, 1 thread: {small:.2f} GB/s "
                      f"with the arena on 4 KiB pages, {huge:.2f} on huge pages "
-                     f"({huge / small:.2f}x)")
+                     f"({huge / small:.2f}×)")
     return lines
 
 
