@@ -290,30 +290,32 @@ class Arena:
 
     # ---- allocation -------------------------------------------------------------------------
 
-    def allocate(self, n_bytes: int, *, use_reserve: bool = False,
-                 fresh: bool = True) -> tuple[Segment, int]:
+    def allocate(self, n_bytes: int, *, use_reserve: bool = False, fresh: bool = True,
+                 young_ok: bool = True) -> tuple[Segment, int]:
         """Reserve ``n_bytes``; returns the head segment and the absolute offset.
 
         With ``require_clean``, the last reusable segment is a reserve that only a caller
         passing ``use_reserve`` (the demoter, re-appending) may open, so cleaning can always
         make progress. ``fresh``: a client's value, not a copy of one already stored; a copy
         never reclaims a young span (``is_young``), and a fresh value does so only when every
-        other candidate is young too. Raises NoSpace when every window large enough touches a
-        pinned span (or, for a copy, a young one).
+        other candidate is young too, and never without ``young_ok``. Raises NoSpace when every
+        window large enough touches a pinned span (or, for a copy or without ``young_ok``, a
+        young one).
         """
         if n_bytes > self.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {self.size_bytes}")
         placed = self.allocate_open(n_bytes, fresh=fresh)
         if placed is not None:
             return placed
-        span = -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
+        span = self.span_of(n_bytes)
         if self.require_clean and not use_reserve and self.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
-        start = self._choose_window(span, spare_young=not fresh)
+        start = self._choose_window(span, spare_young=not (fresh and young_ok))
         if start is None:
             pinned = sum(s.head == s.index and s.pins > 0 for s in self.segments)
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
-                          f"bytes to evict ({pinned} of {len(self.segments)} spans pinned)")
+                          f"bytes to evict ({pinned} of {len(self.segments)} spans pinned"
+                          f"{'' if fresh and young_ok else '; young ones spared'})")
         self._open = None            # a failed claim keeps the open segment's room for others
         for index in range(start, start + span):
             if self.segments[index].head >= 0:
@@ -373,7 +375,18 @@ class Arena:
             self._next_seq = max(self._next_seq, age + 1)
         self._next_record_seq = max(self._next_record_seq, max_record_seq + 1)
 
-    def _choose_window(self, span: int, *, spare_young: bool = False) -> int | None:
+    def span_of(self, n_bytes: int) -> int:
+        """Segments a claim for ``n_bytes`` takes."""
+        return -(-(SEGMENT_HEADER_BYTES + n_bytes) // self.segment_size)
+
+    def pins_hold_older(self, n_bytes: int) -> bool:
+        """Whether a window with no young span would be free for ``n_bytes`` but for pins: then
+        a wait for a pin to drop may spare the young spans."""
+        return self._choose_window(self.span_of(n_bytes), spare_young=True,
+                                   ignore_pins=True) is not None
+
+    def _choose_window(self, span: int, *, spare_young: bool = False,
+                       ignore_pins: bool = False) -> int | None:
         """Start of the window whose newest occupied member is oldest, among those with no
         young span (``is_young``) if any, else (unless ``spare_young``) among all; free
         segments age -1."""
@@ -387,7 +400,8 @@ class Arena:
                 if seg.head < 0:
                     continue
                 head = self.segments[seg.head]
-                if head.pins > 0 or (self.require_clean and not head.clean):
+                if (head.pins > 0 and not ignore_pins) or (self.require_clean
+                                                           and not head.clean):
                     age = None
                     break
                 age, young = max(age, head.seq), young or self.is_young(head)
