@@ -9,6 +9,8 @@ import pytest
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 from gcache.server.arena import ARENA_DIR
+from tests.network_hosts import NetworkHosts
+from tests.network_hosts import available as network_hosts_unavailable
 
 FAST_SERVER_ARGS = ("--segment-size", "4MiB", "--lease-ttl", "1.0")
 # A server offers NIXL whenever it imports, and its agent takes about a second of CPU to start:
@@ -17,6 +19,11 @@ os.environ.setdefault("GCACHE_SERVER_NIXL", "false")
 # The network-host tests reach their namespaces through a bridge, which UCX's TCP transport skips
 # unless told; UCX reads its device list once per process, so it is told before any agent.
 os.environ.setdefault("UCX_TCP_BRIDGE_ENABLE", "y")
+# For the same reason the hosts that NIXL tests reach (fixture ``nixl_network_hosts``) are made
+# when collection ends, before any test can start an agent: made later, by a module fixture
+# after another module's test had started one, UCX bound to an interface the hosts cannot
+# answer and every connect hung until the kernel gave up (2 min each).
+_nixl_network_hosts: NetworkHosts | None = None
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +90,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "requires_rdma" in item.keywords and not rdma:
             item.add_marker(skip_rdma)
+
+
+def pytest_collection_finish(session):
+    global _nixl_network_hosts
+    wanted = any("nixl_network_hosts" in item.fixturenames for item in session.items)
+    if wanted and not session.config.option.collectonly and network_hosts_unavailable() is None:
+        _nixl_network_hosts = NetworkHosts(2).__enter__()
+
+
+def pytest_sessionfinish(session):
+    global _nixl_network_hosts
+    if _nixl_network_hosts is not None:
+        _nixl_network_hosts.__exit__()
+        _nixl_network_hosts = None
+
+
+@pytest.fixture(scope="session")
+def nixl_network_hosts() -> NetworkHosts | None:
+    """Two network hosts made before the session's first test (see ``_nixl_network_hosts``);
+    None where namespaces cannot be made here."""
+    return _nixl_network_hosts

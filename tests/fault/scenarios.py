@@ -500,6 +500,7 @@ def exhaustion(seconds: float, *, log_dir: str, seed: int = 0) -> Tally:
                 value = encode(key, 1, rng.randint(100, 64 << 10))
                 started = time.perf_counter()
                 ok = client.put(key, value)
+                acked = time.perf_counter()
                 blob = client.get(key) if ok else None
                 latencies.append(time.perf_counter() - started)
                 tally.ops += 1
@@ -512,6 +513,9 @@ def exhaustion(seconds: float, *, log_dir: str, seed: int = 0) -> Tally:
                         tally.wrong_values += 1
                 elif ok:
                     tally.lost_acked += 1           # read at once: not yet evictable
+                    tally.notes.append(f"{key} ({len(value)} bytes) absent "
+                                       f"{(time.perf_counter() - acked) * 1e3:.1f} ms after "
+                                       f"its put was acknowledged")
             tally.misses.update(client.stats()["misses_by_reason"])
         stop.set()
         for thread in threads:

@@ -20,7 +20,6 @@ import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
-from tests.network_hosts import NetworkHosts
 from tests.network_hosts import available as netns_unavailable
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL (pip install --no-deps nixl-cu12==1.5.1)")
@@ -55,14 +54,15 @@ NETNS_UCX = {"UCX_TLS": "tcp"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def other_hosts(tmp_path_factory):
-    """Two servers on two network hosts, started under ``NETNS_UCX``; made before any other
-    fixture of this module (autouse), so before any agent of ours. None where namespaces
-    cannot be made here."""
-    if netns_unavailable() is not None:
+def other_hosts(tmp_path_factory, nixl_network_hosts):
+    """Two servers on two network hosts, started under ``NETNS_UCX``; the hosts were made
+    before any agent of this process (tests/conftest.py). None where namespaces cannot be
+    made here."""
+    net = nixl_network_hosts
+    if net is None:
         yield None
         return
-    with NetworkHosts(2) as net, pytest.MonkeyPatch.context() as env:
+    with pytest.MonkeyPatch.context() as env:
         for name, value in NETNS_UCX.items():
             env.setenv(name, value)                 # for the servers' start only
         cluster = LocalCluster(2, memory="128MiB", server_args=SERVER_ARGS, hosts=net.hosts(),
