@@ -271,6 +271,8 @@ class HotTier:
                                            final_state=STATE_COMMITTED)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._point(entry.key, hash_, entry.record, entry.length, entry.head)
+            if not if_absent:                     # a promotion is a copy, not a fresh write
+                self.arena.mark_committed(entry.head)
             self.counters.puts += 1
         if self.on_commit is not None and not if_absent:
             self.on_commit(entry.key)

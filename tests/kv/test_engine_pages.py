@@ -107,7 +107,7 @@ def test_a_part_of_another_size_is_a_miss_not_a_partial_read(pages):
 
 def test_clear_moves_the_namespace_to_a_new_generation(pages):
     keys = [f"{i:064x}" for i in range(40, 43)]
-    pages.write("kv", keys, views(host_pool(3, 1, 512, seed=6)))
+    assert pages.write("kv", keys, views(host_pool(3, 1, 512, seed=6))) == [True] * 3
     twin = EnginePages(pages.client, "test/engine", {"model": "m", "tp": "0/1"},
                        generation_refresh_s=0.0)
     twin.add_pool("kv", layout="page_first", dtype="bf16")

@@ -169,6 +169,40 @@ def test_when_no_older_pin_drops_in_time_a_young_span_is_taken_not_refused(tier)
         tier.release(handle)
 
 
+def write_late(tier, key: bytes, value: bytes, *, others: int = 7) -> int:
+    """``key`` allocated and written but not committed while ``others`` segment-sized values
+    claim the rest of the arena: its span (the first) is the oldest by the time it commits."""
+    handle, _, target = tier.alloc(key, len(value))
+    target[:] = value
+    target.release()
+    for i in range(others):
+        put(tier, f"k{i}".encode(), b"z" * (SEG - 256))
+    return handle
+
+
+def test_a_value_committed_after_its_span_aged_counts_as_young_from_its_commit(tier):
+    """ALLOC, then others claim most of the arena, then COMMIT: the next claim takes the oldest
+    of the other spans, not the one holding the value acknowledged a moment ago (the fault
+    suite's hostile-peers scenario lost one that way, read back 0.3 ms after its ack)."""
+    value = b"late" * 250
+    tier.commit(write_late(tier, b"late", value), checksum(value))
+    put(tier, b"new", b"n" * (SEG - 256))
+    assert read(tier, b"late") == value and not tier.exists(b"k0") and tier.exists(b"k1")
+
+
+def test_among_young_spans_the_claim_takes_the_one_written_least_recently(tier):
+    """The older spans pinned past the wait, the claim takes a young span: the one whose last
+    write is oldest, not the one claimed first (which may hold the value committed last)."""
+    value = b"late" * 250
+    handle = write_late(tier, b"late", value)
+    leases = [tier.lease(f"k{i}".encode())[0] for i in range(5)]     # k5, k6 young and free
+    tier.commit(handle, checksum(value))
+    put(tier, b"new", b"n" * (SEG - 256))                # after PIN_WAIT_S
+    assert read(tier, b"late") == value and not tier.exists(b"k5") and tier.exists(b"k6")
+    for lease in leases:
+        tier.release(lease)
+
+
 def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
     """A large value that finds every segment pinned must not close the open segment: the
     small values after it still fit there (else each would need a whole free segment too)."""
