@@ -529,15 +529,18 @@ class HotTier:
         clean (every span pinned, say by the leases of one huge batch), waits up to
         ``PIN_WAIT_S`` of ``wait_s`` for a pin to drop.
 
-        A young span (``Arena.is_young``: a client wrote into it moments ago, and may be about
-        to read it back) is taken only when the wait for a pin on an older one ran out, or
+        Without a cold tier, a young span (``Arena.is_young``: a client wrote into it moments
+        ago, and may be about to read it back) is taken only when the wait for a pin on an older one ran out, or
         when no pin stands between this allocation and an older span: with the older spans
         pinned by peers that hold leases and allocations, two claims within a millisecond took
         the segment of a value acknowledged just before, not yet read (the fault suite's
         hostile-peers scenario, about 1 run in 40 beside the SGLang suite)."""
         started = time.monotonic()
         deadline, pins_deadline = started + wait_s, started + min(wait_s, PIN_WAIT_S)
-        waited_for_pins, young_ok = False, False
+        # With one, only clean spans are reused and their values are on disk: a young one
+        # costs a promotion, not a value. Sparing them, a promotion waited on the demoter
+        # (resting: enough spans were clean, young ones) until it ran out of time.
+        waited_for_pins, young_ok = False, self.cold_backed
         while True:
             try:
                 return self._arena_allocate(n_bytes, young_ok=young_ok)

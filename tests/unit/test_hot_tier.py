@@ -14,11 +14,21 @@ SEG = 64 * 1024
 
 
 @pytest.fixture
-def tier():
-    t = HotTier(name=f"gcache-unit-{uuid.uuid4().hex[:8]}", size_bytes=8 * SEG, segment_size=SEG,
-                prefault=True, lease_ttl_s=60.0)
-    yield t
-    t.close(unlink=True)
+def tier_factory():
+    made = []
+
+    def make(**kwargs) -> HotTier:
+        made.append(HotTier(name=f"gcache-unit-{uuid.uuid4().hex[:8]}", size_bytes=8 * SEG,
+                            segment_size=SEG, prefault=True, lease_ttl_s=60.0, **kwargs))
+        return made[-1]
+    yield make
+    for t in made:
+        t.close(unlink=True)
+
+
+@pytest.fixture
+def tier(tier_factory):
+    return tier_factory()
 
 
 def put(tier, key: bytes, value: bytes) -> None:
@@ -201,6 +211,34 @@ def test_among_young_spans_the_claim_takes_the_one_written_least_recently(tier):
     assert read(tier, b"late") == value and not tier.exists(b"k5") and tier.exists(b"k6")
     for lease in leases:
         tier.release(lease)
+
+
+def demote_once(tier) -> None:
+    """What the demoter does with one span: re-append its values read since written (into the
+    cleaner's reserve), take the rest as written to disk, and mark it clean."""
+    head, live = tier.claim_dirty(len(tier.arena.segments))
+    stay = [e for e in live if not (e.read and tier.reappend(e))]
+    tier.settle(head, demoted=len(stay))
+
+
+def test_with_a_cold_tier_a_clean_young_span_is_taken_at_once(tier_factory):
+    """Behind a cold tier only clean spans are reused, and a clean span's values are on disk:
+    the young ones are fair game. Sparing them, a promotion waited on the demoter (which had
+    enough clean spans and rested) until it ran out of time: NO_SPACE under CPU load."""
+    tier = tier_factory(cold_backed=True)
+    value = b"z" * (SEG - 256)
+    handles = lease_every_segment(tier, value, segments=5)         # k0-k4, pinned
+    put(tier, b"y0", value)
+    put(tier, b"y1", value)                                        # the young quarter
+    assert read(tier, b"y0") == value
+    demote_once(tier)                  # y0 re-appended into the reserve (a copy: not young)
+    demote_once(tier)                  # y1
+    for handle in handles:             # the old spans: dirty, unpinned; the clean ones young
+        tier.release(handle)
+    started = time.monotonic()
+    tier.alloc(b"new", len(value), wait_s=3.0)
+    assert time.monotonic() - started < 1.0          # not a wait for a demoter with no work
+    assert all(tier.exists(key) for key in [b"y0", b"y1", *(f"k{i}".encode() for i in range(5))])
 
 
 def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
