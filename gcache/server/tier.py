@@ -530,11 +530,12 @@ class HotTier:
         ``PIN_WAIT_S`` of ``wait_s`` for a pin to drop.
 
         Without a cold tier, a young span (``Arena.is_young``: a client wrote into it moments
-        ago, and may be about to read it back) is taken only when the wait for a pin on an older one ran out, or
-        when no pin stands between this allocation and an older span: with the older spans
-        pinned by peers that hold leases and allocations, two claims within a millisecond took
-        the segment of a value acknowledged just before, not yet read (the fault suite's
-        hostile-peers scenario, about 1 run in 40 beside the SGLang suite)."""
+        ago, and may be about to read it back) is taken only when the wait for a pin on an
+        older one ran out, or when no pin stands between this allocation and an older span:
+        with the older spans pinned by peers that hold leases and allocations, two claims
+        within a millisecond took the segment of a value acknowledged just before, not yet
+        read (the fault suite's hostile-peers scenario, about 1 run in 40 beside the SGLang
+        suite)."""
         started = time.monotonic()
         deadline, pins_deadline = started + wait_s, started + min(wait_s, PIN_WAIT_S)
         # With one, only clean spans are reused and their values are on disk: a young one

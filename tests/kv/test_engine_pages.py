@@ -111,7 +111,7 @@ def test_clear_moves_the_namespace_to_a_new_generation(pages):
     twin = EnginePages(pages.client, "test/engine", {"model": "m", "tp": "0/1"},
                        generation_refresh_s=0.0)
     twin.add_pool("kv", layout="page_first", dtype="bf16")
-    assert twin.leading_present("kv", keys, 1) == 3
+    assert twin.leading_present("kv", keys, 1) == 3, pages.client.stats()["misses_by_reason"]
     assert pages.clear()
     assert pages.leading_present("kv", keys, 1) == 0 and twin.leading_present("kv", keys, 1) == 0
 
