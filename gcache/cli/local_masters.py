@@ -23,18 +23,44 @@ READY = "gcache-master ready listen="
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port of ``host`` that is free now, chosen below the kernel's ephemeral range, so that
-    no outgoing connection's source port takes it between this check and the member's bind."""
+    """A port of ``host`` that is free now (see ``free_ports``)."""
+    return free_ports(1, host)[0]
+
+
+# Every port handed out by this process: a member killed in a test keeps its address for its
+# restart, so no later pick of this process may take it meanwhile.
+_handed_out: set[int] = set()
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports of ``host``, free now, chosen below the kernel's ephemeral range so
+    that no outgoing connection's source port takes one between this check and its bind. The
+    probes stay bound until all ``n`` are chosen: picked one by one, two members of one group
+    drew the same port (one's Raft port was another's gRPC port) and one could not start."""
     low = _ephemeral_low()
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
+    probes: list[socket.socket] = []
+    try:
+        for _ in range(200 + n):
+            if len(probes) == n:
+                break
+            port = random.randrange(max(1024, low - 12000), low)
+            if port in _handed_out:
                 continue
-            return port
-    raise StartFailed("no free port found below the ephemeral range")
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                probe.close()
+                continue
+            probes.append(probe)
+        if len(probes) < n:
+            raise StartFailed(f"no {n} free ports found below the ephemeral range")
+        ports = [probe.getsockname()[1] for probe in probes]
+        _handed_out.update(ports)
+        return ports
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _ephemeral_low() -> int:
@@ -68,8 +94,9 @@ class LocalMasters:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gcache-masters-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.args, self.env, self.ready_timeout_s = args, env, ready_timeout_s
+        ports = free_ports(2 * n, host)
         self.members = [
-            MasterProcess(i, f"{host}:{free_port(host)}", f"{host}:{free_port(host)}",
+            MasterProcess(i, f"{host}:{ports[2 * i]}", f"{host}:{ports[2 * i + 1]}",
                           os.path.join(self.log_dir, f"m{i}"),
                           os.path.join(self.log_dir, f"master-{i}.log"))
             for i in range(n)]
