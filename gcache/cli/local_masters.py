@@ -118,10 +118,16 @@ class LocalMasters:
         self.stop()
 
     def start(self) -> None:
-        for member in self.members:
-            self._launch(member)
-        for member in self.members:
-            self._wait_ready(member)
+        """Start every member; if one fails to, end the others (a caller's ``with`` never got
+        the group to end it: a member that could not bind its port left two running)."""
+        try:
+            for member in self.members:
+                self._launch(member)
+            for member in self.members:
+                self._wait_ready(member)
+        except BaseException:
+            self.stop()
+            raise
 
     def _launch(self, member: MasterProcess) -> None:
         peers = ",".join(m.raft for m in self.members)

@@ -209,3 +209,18 @@ def test_gcache_status_prints_the_masters_and_the_map(masters, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("leader,") == 1 and out.stdout.count("follower") == 2
     assert f"{cluster.addresses[0]} alive" in out.stdout
+
+
+def test_a_group_that_cannot_start_every_member_ends_the_ones_it_started(tmp_path):
+    import socket
+
+    from gcache.errors import StartFailed
+    group = LocalMasters(3, args=FAST, log_dir=str(tmp_path / "masters"), ready_timeout_s=10.0)
+    host, port = group.members[2].listen.rsplit(":", 1)
+    with socket.socket() as squatter:                # member 2's gRPC port, taken
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        with pytest.raises(StartFailed, match="gcache-master 2"), group:
+            pass
+    assert [m.is_running() for m in group.members] == [False] * 3
+    assert all(m.proc is not None and m.proc.returncode is not None for m in group.members)
