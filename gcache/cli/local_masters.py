@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from gcache.errors import StartFailed
@@ -27,9 +28,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-# Every port handed out by this process: a member killed in a test keeps its address for its
-# restart, so no later pick of this process may take it meanwhile.
-_handed_out: set[int] = set()
+# The ports this process handed out last: a member killed in a test keeps its address for its
+# restart, so no later pick of this process may take it meanwhile. Bounded, so a soak that
+# starts groups for hours never runs out of the 12,000 ports below the ephemeral range.
+_handed_out: deque[int] = deque(maxlen=2048)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -56,7 +58,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         if len(probes) < n:
             raise StartFailed(f"no {n} free ports found below the ephemeral range")
         ports = [probe.getsockname()[1] for probe in probes]
-        _handed_out.update(ports)
+        _handed_out.extend(ports)
         return ports
     finally:
         for probe in probes:

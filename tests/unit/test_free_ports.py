@@ -1,8 +1,10 @@
-"""Ports chosen ahead for Raft members: distinct within a group and never handed out twice by
-one process (a member's gRPC port drawn equal to another's Raft port kept it from starting)."""
+"""Ports chosen ahead for Raft members: distinct within a group, and not handed out again by one
+process while recent (a member's gRPC port drawn equal to another's Raft port kept it from
+starting)."""
 
 import random
 import socket
+from collections import deque
 
 from gcache.cli import local_masters
 from gcache.cli.local_masters import free_port, free_ports
@@ -12,11 +14,11 @@ def test_a_port_drawn_twice_is_taken_once(monkeypatch):
     low = local_masters._ephemeral_low()
     draws = iter([low - 7, low - 7, low - 7, low - 9])
     monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
-    monkeypatch.setattr(local_masters, "_handed_out", set())
+    monkeypatch.setattr(local_masters, "_handed_out", deque(maxlen=8))
     assert free_ports(2) == [low - 7, low - 9]
 
 
-def test_no_port_is_handed_out_twice():
+def test_no_recent_port_is_handed_out_again():
     ports = free_ports(6) + [free_port() for _ in range(6)]
     assert len(set(ports)) == len(ports)
     low = local_masters._ephemeral_low()
@@ -31,5 +33,5 @@ def test_a_port_in_use_is_skipped(monkeypatch):
         other = free_port()
         draws = iter([taken, other])
         monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
-        monkeypatch.setattr(local_masters, "_handed_out", set())
+        monkeypatch.setattr(local_masters, "_handed_out", deque(maxlen=8))
         assert free_ports(1) == [other]
