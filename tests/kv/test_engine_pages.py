@@ -42,7 +42,9 @@ def test_restorable_prefixes_refuses_an_empty_window():
 
 @pytest.fixture
 def pages(shared_cluster):
-    with Client(shared_cluster.addresses, timeout_s=2.0) as client:
+    # 5 s: these tests check what is stored, not how fast; beside make test's other lane a
+    # 2 s IO timeout is within reach, and a timed-out write reads as a missing page
+    with Client(shared_cluster.addresses, timeout_s=5.0) as client:
         store = EnginePages(client, "test/engine", {"model": "m", "tp": "0/1"},
                             generation_refresh_s=0.0)
         store.add_pool("kv", layout="page_first", dtype="bf16")
