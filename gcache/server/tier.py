@@ -650,6 +650,11 @@ class HotTier:
             records = sorted(self._index.find_in(dict.fromkeys(head.hashes), start, end))
             return head, [self._entry_at(record) for record in records]
 
+    def keep_read(self, live: list[Entry]) -> list[Entry]:
+        """The demoter's second chance for a claimed span: re-append its values read since
+        they were written; the rest, returned, go to disk."""
+        return [e for e in live if not (e.read and self.reappend(e))]
+
     def reappend(self, entry: Entry) -> bool:
         """Second chance: copy a recently read value to the log's head, where it is young
         again. False when no clean space is free for it (the caller demotes it instead)."""

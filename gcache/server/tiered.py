@@ -295,8 +295,7 @@ class Demoter(threading.Thread):
                 head, live = claim
                 demoted = 0
                 try:
-                    stay = [e for e in live if not (e.read and hot.reappend(e))]
-                    demoted = self.store.demote(stay)
+                    demoted = self.store.demote(hot.keep_read(live))
                 finally:
                     hot.settle(head, demoted=demoted)
             except Exception:      # the thread's top level: log, keep serving

@@ -217,8 +217,7 @@ def demote_once(tier) -> None:
     """What the demoter does with one span: re-append its values read since written (into the
     cleaner's reserve), take the rest as written to disk, and mark it clean."""
     head, live = tier.claim_dirty(len(tier.arena.segments))
-    stay = [e for e in live if not (e.read and tier.reappend(e))]
-    tier.settle(head, demoted=len(stay))
+    tier.settle(head, demoted=len(tier.keep_read(live)))
 
 
 def test_with_a_cold_tier_a_clean_young_span_is_taken_at_once(tier_factory):
