@@ -26,7 +26,7 @@ MC_STAMP  := $(MC_VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,torch]'
+	$(PIP) install -q -e '.[dev,torch,router]'
 	$(PIP) install -q --no-deps nixl-cu12==1.5.1
 	touch $(STAMP)
 
@@ -116,7 +116,7 @@ $(VLE_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/constraints-cp
 	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check uninstall -q -y \
 	  torchvision torchaudio torchcodec
 	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
-	  -c $(VLL_DIR)/constraints-cpu.txt pytest pytest-timeout -e . -e $(VLL_DIR)
+	  -c $(VLL_DIR)/constraints-cpu.txt pytest pytest-timeout -e '.[router]' -e $(VLL_DIR)
 	touch $(VLE_STAMP)
 
 test-vllm: test-vllm-interface test-vllm-engine

@@ -9,6 +9,7 @@ connectors use only the names below.
 
 from gcache.kv.connect import client_from_settings, count_setting, gcache_settings
 from gcache.kv.engine_pages import EnginePages, page_regions
+from gcache.kv.key_scheme import KeyScheme, SchemePublisher
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
@@ -29,6 +30,7 @@ __all__ = [
     "KVSink",
     "KVSource",
     "KVStore",
+    "KeyScheme",
     "LayerArrays",
     "LayerGeometry",
     "LoadCost",
@@ -40,6 +42,7 @@ __all__ = [
     "Probe",
     "SavePlan",
     "SaveResult",
+    "SchemePublisher",
     "StorePolicy",
     "client_from_settings",
     "count_setting",

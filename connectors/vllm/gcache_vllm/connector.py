@@ -24,6 +24,10 @@ conversation hits through the answer (``scheduler_side``).
 Failures: a miss or a dead server is a shorter match; a layer that does not arrive is reported
 through ``get_block_ids_with_load_errors`` (set ``kv_load_failure_policy: "recompute"`` so vLLM
 recomputes those blocks rather than failing the request); a failed save is logged and counted.
+
+The scheduler half publishes its key scheme under each served model name
+(``gcache.kv.key_scheme``), so that ``gcache-router`` asks GCache for a prompt's hit with exactly
+the keys this engine stores.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from typing import Any
 
 from gcache.kv import (
     GROUP_HEAD_TOKENS,
+    KeyScheme,
     KVStore,
     LoadCost,
+    SchemePublisher,
     client_from_settings,
     count_setting,
     gcache_settings,
@@ -55,6 +61,7 @@ from gcache_vllm.model_layout import (
     group_of_layers,
     keyed_model_name,
     model_layout,
+    served_names,
 )
 from gcache_vllm.scheduler_side import DEFAULT_ASYNC_LOAD_TOKENS, SchedulerSide
 from gcache_vllm.staging import DEFAULT_PINNED_BYTES
@@ -104,8 +111,13 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
                              group_head_tokens=count_setting(settings, "group_head_tokens",
                                                              GROUP_HEAD_TOKENS))
         self.scheduler = self.worker = None
+        self.scheme_publishers: list[SchemePublisher] = []
         self._reported_misses: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
+            scheme = KeyScheme(self.layout, self.store.policy.name,
+                               count_setting(settings, "group_head_tokens", GROUP_HEAD_TOKENS))
+            self.scheme_publishers = [SchemePublisher(self.client, name, scheme)
+                                      for name in served_names(vllm_config)]
             groups = len(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else 1
             self.scheduler = SchedulerSide(
                 self.store, self.layout.page_size, probe_timeout_s=self.client.config.timeout_s,
@@ -138,6 +150,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
+        for publisher in self.scheme_publishers:
+            publisher.tick()
         return self.scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list[int]):

@@ -40,6 +40,13 @@ def keyed_model_name(vllm_config: Any, namespace: str = "") -> str:
             + (f"|weights:{fingerprint}" if fingerprint else ""))
 
 
+def served_names(vllm_config: Any) -> list[str]:
+    """The names clients ask for the model by (``--served-model-name``; the model path when
+    none is given)."""
+    names = vllm_config.model_config.served_model_name or vllm_config.model_config.model
+    return [names] if isinstance(names, str) else list(names)
+
+
 def _weights_dir(vllm_config: Any) -> str | None:
     """The local folder of the served weights: the model path, or the hub cache's snapshot of
     a hub name (never downloaded here)."""

@@ -1,0 +1,92 @@
+"""A request's prompt tokens, as the engine will see them.
+
+The router must hash exactly the tokens the engine will prefill, or every lookup misses. vLLM's
+rules (its OpenAI server): ``/v1/completions`` tokenizes a text prompt with special tokens
+(``add_special_tokens``, default true) and takes a list of token ids as they are;
+``/v1/chat/completions`` renders the messages with the tokenizer's chat template
+(``add_generation_prompt`` default true, ``continue_final_message``, ``chat_template_kwargs``)
+and tokenizes the text without special tokens (``add_special_tokens`` default false). The
+tokenizer is the model's own (``transformers.AutoTokenizer``), loaded once per model.
+
+A request that batches several prompts is routed by its first: one engine serves the whole
+request.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gcache.errors import InvalidRequest, MissingDependency
+
+
+class Tokenizers:
+    """The tokenizer of each served model, loaded on first use (thread-safe)."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = dict(paths)
+        self._loaded: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, model: object) -> bool:
+        return model in self.paths
+
+    def get(self, model: str) -> Any:
+        with self._lock:
+            if model not in self._loaded:
+                try:
+                    from transformers import AutoTokenizer
+                except ImportError as exc:
+                    raise MissingDependency("gcache-router tokenizes with transformers: pip "
+                                            "install 'gcache-kv[router]'") from exc
+                self._loaded[model] = AutoTokenizer.from_pretrained(self.paths[model])
+            return self._loaded[model]
+
+
+def prompt_tokens(tokenizer: Any, path: str, body: dict[str, Any]) -> list[int]:
+    """The token ids the engine will prefill for ``body`` sent to ``path``. Raises
+    ``InvalidRequest`` naming what is missing or malformed."""
+    if path.endswith("/chat/completions"):
+        return _chat_tokens(tokenizer, body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]           # a batch: routed by its first prompt
+    if isinstance(prompt, str):
+        special = body.get("add_special_tokens", True)
+        return list(tokenizer(prompt, add_special_tokens=bool(special))["input_ids"])
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                        and t >= 0 for t in prompt):
+        return list(prompt)
+    raise InvalidRequest("'prompt' must be a string, a list of token ids, or a list of either")
+
+
+def _chat_tokens(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or \
+            not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise InvalidRequest("'messages' must be a non-empty list of objects with a 'role'")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise InvalidRequest("'chat_template_kwargs' must be an object")
+    continue_final = bool(body.get("continue_final_message", False))
+    try:
+        text = tokenizer.apply_chat_template(
+            [_plain(m) for m in messages], tokenize=False,
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            continue_final_message=continue_final,
+            chat_template=body.get("chat_template"), **kwargs)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidRequest(f"the messages cannot be rendered with the model's chat "
+                             f"template: {exc}") from exc
+    special = body.get("add_special_tokens", False)
+    return list(tokenizer(text, add_special_tokens=bool(special))["input_ids"])
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is a list of text parts, joined as vLLM joins them."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [part.get("text", "") for part in content
+                 if isinstance(part, dict) and part.get("type") == "text"]
+        return {**message, "content": "\n".join(texts)}
+    return message

@@ -1,0 +1,250 @@
+"""gcache-router's HTTP side: an OpenAI-compatible proxy that routes each request with ``route``.
+
+Built on aiohttp: one asyncio loop serves clients and streams from engines chunk by chunk (an
+SSE stream passes through byte for byte, never buffered), it is a well-kept library that vLLM
+itself depends on, and one package gives both the server and the client with connection pools.
+Tokenizing and GCache lookups are blocking, so they run in a small thread pool.
+
+A request: parse (malformed JSON, a non-object, an unknown model: an OpenAI-style error body),
+tokenize as the engine will (``prompts``), ask GCache for its window-safe hit (``gcache_hits``),
+snapshot every instance (its view's GPU and host hits, its load), ``route``, forward. Failover:
+an engine that cannot be reached, or that drops the connection before the first byte of its
+answer, is marked down and the request is routed again among the others; once bytes have been
+passed to the client nothing can be retried, so a stream that breaks ends with an error event
+(``data: {"error": ...}``) and a non-streaming answer with a 502. The response carries
+``x-gcache-route``: the instance, the policy's reason, the bucket and the hits it routed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import REGISTRY, Counter, Gauge, generate_latest
+
+from gcache.errors import InvalidRequest, NoInstance
+from gcache.router.config import RouterConfig
+from gcache.router.gcache_hits import GCacheHits
+from gcache.router.instances import Instance
+from gcache.router.kv_events import view_hashes
+from gcache.router.policy import route
+from gcache.router.prompts import Tokenizers, prompt_tokens
+
+log = logging.getLogger(__name__)
+
+ROUTED = Counter("gcache_router_requests_total", "requests routed, by instance and reason",
+                 ["instance", "reason"])
+FAILOVERS = Counter("gcache_router_failovers_total",
+                    "requests routed again after their engine could not answer", ["instance"])
+REFUSED = Counter("gcache_router_refused_total", "requests answered with an error by the router",
+                  ["status"])
+UP = Gauge("gcache_router_instance_up", "1 while an instance passes its health checks",
+           ["instance"])
+GCACHE_HIT = Counter("gcache_router_gcache_hit_tokens_total",
+                     "prompt tokens GCache could restore, over routed requests")
+PROMPT = Counter("gcache_router_prompt_tokens_total", "prompt tokens of routed requests")
+
+# An engine that is gone, refuses, resets or times out (TimeoutError is an OSError).
+UPSTREAM_ERRORS = (aiohttp.ClientError, OSError)
+
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 502: "BadGatewayError",
+               503: "ServiceUnavailableError"}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"),
+                      "param": None, "code": status}}
+
+
+def error_response(status: int, message: str) -> web.Response:
+    REFUSED.labels(str(status)).inc()
+    return web.json_response(error_body(status, message), status=status)
+
+
+class Router:
+    def __init__(self, config: RouterConfig, hits: GCacheHits) -> None:
+        self.config, self.hits = config, hits
+        self.policy = config.policy()
+        self.tokenizers = Tokenizers(config.model_tokenizers())
+        self.instances = [Instance(spec, config) for spec in config.instance_specs()]
+        self.by_name = {instance.name: instance for instance in self.instances}
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="gcache-router")
+        self.session: aiohttp.ClientSession | None = None
+        self._health: asyncio.Task[None] | None = None
+        for instance in self.instances:
+            UP.labels(instance.name).set(1)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v1/chat/completions", self.complete)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.upstream_connect_s)
+        self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        self._health = asyncio.create_task(self._check_health())
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._health is not None:
+            self._health.cancel()
+        if self.session is not None:
+            await self.session.close()
+        for instance in self.instances:
+            instance.close()
+        self.pool.shutdown(wait=False)
+
+    # ---- endpoints ------------------------------------------------------------------------------
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "gcache-router"}
+            for name in self.tokenizers.paths]})
+
+    async def health(self, _request: web.Request) -> web.Response:
+        up = [instance.name for instance in self.instances if instance.healthy]
+        return web.json_response({"instances_up": up}, status=200 if up else 503)
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return error_response(400, f"malformed JSON in the request body: {exc}")
+        if not isinstance(body, dict):
+            return error_response(400, "the request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or model not in self.tokenizers:
+            return error_response(404, f"The model `{model}` does not exist; this router "
+                                       f"serves {sorted(self.tokenizers.paths)}")
+        loop = asyncio.get_running_loop()
+        try:
+            tokens = await loop.run_in_executor(self.pool, self._tokens, model, request.path,
+                                                body)
+        except InvalidRequest as exc:
+            return error_response(400, str(exc))
+        hashes = view_hashes(tokens, self.config.block_size)
+        gcache_hit = await loop.run_in_executor(self.pool, self.hits.hit_tokens, model, tokens)
+        tried: set[str] = set()
+        while True:
+            candidates = [i for i in self.instances if i.name not in tried]
+            states = [i.state(hashes) for i in candidates]
+            try:
+                decision = route(len(tokens), gcache_hit, states, self.policy)
+            except InvalidRequest as exc:
+                return error_response(400, str(exc))
+            except NoInstance:
+                down = sorted(i.name for i in self.instances if not i.healthy)
+                return error_response(503, f"no engine instance can take the request (down: "
+                                           f"{down}, failed it: {sorted(tried)})")
+            instance = self.by_name[decision.instance]
+            state = next(s for s in states if s.name == instance.name)
+            uncached = len(tokens) - min(len(tokens), max(state.host_hit_tokens, gcache_hit))
+            route_header = (f"instance={instance.name}; reason={decision.reason}; "
+                            f"bucket={decision.bucket}; gcache_hit_tokens={gcache_hit}; "
+                            f"gpu_hit_tokens={state.gpu_hit_tokens}; "
+                            f"host_hit_tokens={state.host_hit_tokens}")
+            answered = await self._forward(request, raw, instance, uncached, hashes, route_header)
+            if answered is not None:
+                ROUTED.labels(instance.name, decision.reason).inc()
+                GCACHE_HIT.inc(gcache_hit)
+                PROMPT.inc(len(tokens))
+                return answered
+            FAILOVERS.labels(instance.name).inc()
+            tried.add(instance.name)
+
+    def _tokens(self, model: str, path: str, body: dict[str, Any]) -> list[int]:
+        return prompt_tokens(self.tokenizers.get(model), path, body)
+
+    # ---- forwarding -----------------------------------------------------------------------------
+
+    async def _forward(self, request: web.Request, raw: bytes, instance: Instance, uncached: int,
+                       hashes: Sequence[bytes], route_header: str) -> web.StreamResponse | None:
+        """The client's response, or None when the engine failed before answering anything (the
+        caller routes the request again)."""
+        assert self.session is not None
+        headers = {"Content-Type": "application/json"}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        instance.queued_prefill_tokens += uncached
+        queued, decoding = True, False
+        try:
+            upstream = await self.session.post(instance.spec.url + request.path, data=raw,
+                                               headers=headers)
+        except UPSTREAM_ERRORS as exc:
+            instance.queued_prefill_tokens -= uncached
+            instance.mark(False, f"{type(exc).__name__}: {exc}")
+            return None
+        instance.routed(hashes)
+        try:
+            try:
+                first = await upstream.content.readany()
+            except UPSTREAM_ERRORS as exc:
+                instance.mark(False, f"dropped the connection before answering: {exc}")
+                return None
+            instance.queued_prefill_tokens -= uncached
+            instance.running_decodes += 1
+            queued, decoding = False, True
+            out_headers = {"x-gcache-route": route_header}
+            content_type = upstream.headers.get("Content-Type")
+            if content_type:
+                out_headers["Content-Type"] = content_type
+            if not content_type or not content_type.startswith("text/event-stream"):
+                try:
+                    rest = await upstream.read()
+                except UPSTREAM_ERRORS as exc:
+                    instance.mark(False, f"dropped an answer midway: {exc}")
+                    return error_response(502, f"engine {instance.name} failed while "
+                                               f"answering: {exc}")
+                return web.Response(body=first + rest, status=upstream.status,
+                                    headers=out_headers)
+            response = web.StreamResponse(status=upstream.status, headers=out_headers)
+            await response.prepare(request)
+            await response.write(first)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except UPSTREAM_ERRORS as exc:
+                instance.mark(False, f"dropped a stream midway: {exc}")
+                event = error_body(502, f"engine {instance.name} failed while streaming: {exc}")
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            await response.write_eof()
+            return response
+        finally:
+            if decoding:
+                instance.running_decodes -= 1
+            if queued:
+                instance.queued_prefill_tokens -= uncached
+            upstream.release()
+
+    # ---- health ---------------------------------------------------------------------------------
+
+    async def _check_health(self) -> None:
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        while True:
+            for instance in self.instances:
+                try:
+                    async with self.session.get(instance.spec.url + "/health",
+                                                timeout=timeout) as answer:
+                        ok, why = answer.status == 200, f"health answered {answer.status}"
+                except UPSTREAM_ERRORS as exc:
+                    ok, why = False, f"health check failed: {type(exc).__name__} {exc}"
+                instance.mark(ok, why)
+                UP.labels(instance.name).set(1 if instance.healthy else 0)
+            await asyncio.sleep(self.config.health_interval_s)
