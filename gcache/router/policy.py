@@ -146,15 +146,15 @@ def route(prompt_tokens: int, gcache_hit_tokens: int, instances: Sequence[Instan
     _check(prompt_tokens, gcache_hit_tokens, instances, config.buckets)
     gcache_hit = min(gcache_hit_tokens, prompt_tokens)
     healthy = [state for state in instances if state.healthy]
-    if not healthy:
-        raise NoInstance(f"no healthy instance among {len(instances)}")
     best_hit = max([gcache_hit] + [min(s.host_hit_tokens, prompt_tokens) for s in healthy])
     uncached = prompt_tokens - best_hit
     bucket = config.buckets.of(uncached)
-    if bucket is None:
+    if bucket is None:           # the request's own fault, whatever the instances' health
         raise InvalidRequest(
             f"prompt of {prompt_tokens} tokens leaves {uncached} uncached; the longest bucket "
             f"takes fewer than {config.buckets.bounds[-1]}")
+    if not healthy:
+        raise NoInstance(f"no healthy instance among {len(instances)}")
     top = max(state.bucket for state in healthy)
     pools: dict[int, list[_Candidate]] = {}
     for state in healthy:

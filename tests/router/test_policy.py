@@ -170,6 +170,11 @@ def test_unhealthy_instances_are_never_chosen(instances, expected):
         assert route(40 * K, 0, instances).instance == expected
 
 
+def test_a_prompt_longer_than_every_bucket_is_refused_even_with_no_instance_up():
+    with pytest.raises(InvalidRequest, match="longest bucket"):
+        route(2000 * K, 0, [inst("a", healthy=False)])
+
+
 @pytest.mark.parametrize("instances, expected", [
     pytest.param([inst("b"), inst("a"), inst("c")], "a", id="equal-costs-go-to-the-smaller-name"),
     pytest.param([inst("b", gpu=8 * K, queued=8 * K), inst("a"), inst("c", queued=K)], "a",
@@ -217,10 +222,10 @@ def test_route_always_returns_a_healthy_instance_of_some_pool(prompt, gcache, ro
     try:
         chosen = route(prompt, gcache, instances)
     except NoInstance:
-        assert not healthy
+        assert not healthy and prompt - best < Buckets().bounds[-1]
         return
-    except InvalidRequest:
-        assert healthy and prompt - best >= Buckets().bounds[-1]
+    except InvalidRequest:       # the request's own fault comes first, healthy or not
+        assert prompt - best >= Buckets().bounds[-1]
         return
     assert chosen.instance in healthy
     assert chosen.bucket == Buckets().of(prompt - best)

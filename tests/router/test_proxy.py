@@ -1,0 +1,94 @@
+"""gcache-router as a process with no engine up: its own answers (models, health, metrics, the
+OpenAI error bodies) and a clear 503 when every engine is down. The engines' side is
+connectors/vllm/tests/test_router.py (two real vLLM engines)."""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from gcache.cli.local_masters import free_ports
+
+
+def word_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["<s>", "</s>", "<unk>", "the", "cache", "keeps", "pages", "of", "kv"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    root = tmp_path_factory.mktemp("router")
+    port, dead_a, dead_b = free_ports(3)
+    log = root / "router.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
+         "--model", f"tiny={word_tokenizer(root / 'tok')}", "--buckets", "8,16",
+         "--instance", f"http://127.0.0.1:{dead_a}", "--instance",
+         f"http://127.0.0.1:{dead_b};bucket=1", "--health-interval", "0.2"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "gcache-router ready" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}", (dead_a, dead_b)
+        assert proc.poll() is None, log.read_text()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def call(url, path, body=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_models_and_metrics(router):
+    url, _ = router
+    status, body = call(url, "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
+    status, body = call(url, "/metrics")
+    assert status == 200 and b"gcache_router_instance_up" in body
+
+
+@pytest.mark.parametrize("path, payload, status, words", [
+    ("/v1/completions", b'{"model": "tiny", "prompt"', 400, "malformed JSON"),
+    ("/v1/completions", b'"the cache"', 400, "JSON object"),
+    ("/v1/completions", b'{"model": "big", "prompt": "the cache"}', 404, "`big` does not exist"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": {"a": 1}}', 400, "'prompt' must be"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": [1, -2]}', 400, "'prompt' must be"),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": []}', 400, "'messages' must"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "' + b"the cache " * 9 + b'"}', 400,
+     "longest bucket"),
+])
+def test_bad_input_gets_an_openai_error_body(router, path, payload, status, words):
+    url, _ = router
+    got, body = call(url, path, raw=payload)
+    error = json.loads(body)["error"]
+    assert got == status and error["code"] == status and words in error["message"], body
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_with_every_engine_down_a_request_gets_503_naming_them(router):
+    url, (dead_a, dead_b) = router
+    got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
+    message = json.loads(body)["error"]["message"]
+    assert got == 503 and f"127.0.0.1:{dead_a}" in message and f"127.0.0.1:{dead_b}" in message
+    status, body = call(url, "/health")
+    assert status == 503 and json.loads(body) == {"instances_up": []}
