@@ -52,6 +52,12 @@ async def serve(config: RouterConfig) -> None:
     from gcache.router.proxy import Router
     hits = GCacheHits(gcache_client(config))
     router = Router(config, hits)
+    try:
+        await asyncio.get_running_loop().run_in_executor(router.pool, router.tokenizers.load_all)
+    except GCacheError:
+        router.close()
+        hits.close()
+        raise
     runner = web.AppRunner(router.app(), access_log=None)
     await runner.setup()
     host, _, port = config.listen.rpartition(":")
@@ -59,6 +65,7 @@ async def serve(config: RouterConfig) -> None:
         await web.TCPSite(runner, host.strip("[]"), int(port)).start()
     except OSError as exc:
         await runner.cleanup()
+        router.close()
         hits.close()
         raise GCacheError(f"cannot listen on {config.listen}: {exc.strerror}") from exc
     stop = asyncio.Event()

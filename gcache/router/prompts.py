@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gcache.errors import InvalidRequest, MissingDependency
+from gcache.errors import ConfigError, InvalidRequest, MissingDependency
 
 
 class Tokenizers:
@@ -39,8 +39,17 @@ class Tokenizers:
                 except ImportError as exc:
                     raise MissingDependency("gcache-router tokenizes with transformers: pip "
                                             "install 'gcache-kv[router]'") from exc
-                self._loaded[model] = AutoTokenizer.from_pretrained(self.paths[model])
+                try:
+                    self._loaded[model] = AutoTokenizer.from_pretrained(self.paths[model])
+                except (OSError, ValueError) as exc:
+                    raise ConfigError("models", f"{model}={self.paths[model]}",
+                                      f"its tokenizer cannot be loaded: {exc}") from exc
             return self._loaded[model]
+
+    def load_all(self) -> None:
+        """Load every tokenizer now, so that a wrong one stops the router at start."""
+        for model in self.paths:
+            self.get(model)
 
 
 def prompt_tokens(tokenizer: Any, path: str, body: dict[str, Any]) -> list[int]:

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import REGISTRY, Counter, Gauge, generate_latest
 
-from gcache.errors import InvalidRequest, NoInstance
+from gcache.errors import GCacheError, InvalidRequest, NoInstance
 from gcache.router.config import RouterConfig
 from gcache.router.gcache_hits import GCacheHits
 from gcache.router.instances import Instance
@@ -101,6 +101,10 @@ class Router:
             self._health.cancel()
         if self.session is not None:
             await self.session.close()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the event subscribers and the thread pool (idempotent)."""
         for instance in self.instances:
             instance.close()
         self.pool.shutdown(wait=False)
@@ -139,7 +143,7 @@ class Router:
         except InvalidRequest as exc:
             return error_response(400, str(exc))
         hashes = view_hashes(tokens, self.config.block_size)
-        gcache_hit = await loop.run_in_executor(self.pool, self.hits.hit_tokens, model, tokens)
+        gcache_hit = await loop.run_in_executor(self.pool, self._gcache_hit, model, tokens)
         tried: set[str] = set()
         while True:
             candidates = [i for i in self.instances if i.name not in tried]
@@ -170,6 +174,14 @@ class Router:
 
     def _tokens(self, model: str, path: str, body: dict[str, Any]) -> list[int]:
         return prompt_tokens(self.tokenizers.get(model), path, body)
+
+    def _gcache_hit(self, model: str, tokens: list[int]) -> int:
+        """GCache's hit, or 0 when it cannot be had: routing goes on without it."""
+        try:
+            return self.hits.hit_tokens(model, tokens)
+        except GCacheError as exc:
+            log.warning("router.gcache lookup for %s failed: %s", model, exc)
+            return 0
 
     # ---- forwarding -----------------------------------------------------------------------------
 
@@ -215,14 +227,20 @@ class Router:
                                     headers=out_headers)
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
             await response.prepare(request)
-            await response.write(first)
-            try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-            except UPSTREAM_ERRORS as exc:
-                instance.mark(False, f"dropped a stream midway: {exc}")
-                event = error_body(502, f"engine {instance.name} failed while streaming: {exc}")
-                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            chunk = first
+            while chunk:
+                # A failed write is the client's (gone): it propagates, and the engine's
+                # request is aborted below by closing its connection. A failed read is the
+                # engine's: the client is told in the stream.
+                await response.write(chunk)
+                try:
+                    chunk = await upstream.content.readany()
+                except UPSTREAM_ERRORS as exc:
+                    instance.mark(False, f"dropped a stream midway: {exc}")
+                    event = error_body(502, f"engine {instance.name} failed while streaming: "
+                                            f"{exc}")
+                    await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                    break
             await response.write_eof()
             return response
         finally:
@@ -230,7 +248,10 @@ class Router:
                 instance.running_decodes -= 1
             if queued:
                 instance.queued_prefill_tokens -= uncached
-            upstream.release()
+            if upstream.content.at_eof():
+                upstream.release()
+            else:
+                upstream.close()
 
     # ---- health ---------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ OpenAI error bodies) and a clear 503 when every engine is down. The engines' sid
 connectors/vllm/tests/test_router.py (two real vLLM engines)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -92,3 +93,14 @@ def test_with_every_engine_down_a_request_gets_503_naming_them(router):
     assert got == 503 and f"127.0.0.1:{dead_a}" in message and f"127.0.0.1:{dead_b}" in message
     status, body = call(url, "/health")
     assert status == 503 and json.loads(body) == {"instances_up": []}
+
+
+def test_a_tokenizer_that_cannot_be_loaded_stops_the_router_at_start(tmp_path):
+    port, engine = free_ports(2)
+    done = subprocess.run(
+        [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
+         "--model", f"tiny={tmp_path / 'missing'}", "--instance", f"http://127.0.0.1:{engine}"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stderr
+    assert "models=" in done.stderr and "its tokenizer cannot be loaded" in done.stderr
