@@ -101,6 +101,17 @@ class MasterClient:
         reply: pb.StatusReply = self._call("Status", lambda s: s.Status, pb.StatusRequest())
         return reply
 
+    def announce_engine(self, engine: pb.Engine, ttl_s: float) -> None:
+        """Tell the leader ``engine`` serves requests, for ``ttl_s`` seconds from now."""
+        self._call("AnnounceEngine", lambda s: s.AnnounceEngine,
+                   pb.AnnounceEngineRequest(engine=engine, ttl_s=ttl_s))
+
+    def engines(self) -> list[pb.Engine]:
+        """The engines announced and not yet expired, as the leader holds them."""
+        reply: pb.ListEnginesReply = self._call(
+            "ListEngines", lambda s: s.ListEngines, pb.ListEnginesRequest())
+        return list(reply.engines)
+
     # ---- one call, over every member ---------------------------------------------------------
 
     def _call(self, name: str, method: Callable[[pb_grpc.MasterStub], Callable[..., Reply]],

@@ -8,6 +8,7 @@ connectors use only the names below.
 """
 
 from gcache.kv.connect import client_from_settings, count_setting, gcache_settings
+from gcache.kv.engine_announce import EngineAnnouncer, announcer_from_settings
 from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.key_scheme import KeyScheme, SchemePublisher
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
@@ -26,6 +27,7 @@ __all__ = [
     "DONE",
     "GROUP_HEAD_TOKENS",
     "SHIPPED_CONFIGS",
+    "EngineAnnouncer",
     "EnginePages",
     "KVSink",
     "KVSource",
@@ -44,6 +46,7 @@ __all__ = [
     "SaveResult",
     "SchemePublisher",
     "StorePolicy",
+    "announcer_from_settings",
     "client_from_settings",
     "count_setting",
     "gcache_settings",

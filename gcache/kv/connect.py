@@ -44,6 +44,10 @@ SETTINGS = {
                               "unknown, always load; gcache.kv.LoadCost)",
     "policy": "where sliding layers' window tails are saved: adaptive (default), tail, "
               "checkpoint-K or full-layer (gcache.kv.policy_from_name)",
+    "engine_url": "vLLM: this engine's OpenAI API as others reach it (http://HOST:PORT), "
+                  "announced to the masters so that gcache-router finds it (needs "
+                  "gcache_master; default: not announced)",
+    "engine_bucket": "vLLM: the length bucket whose pool this engine serves (default 0)",
 }
 
 

@@ -5,9 +5,9 @@ the leader's by a few entries; clients never move to a map older than the one th
 member serves no map until it has caught up with the leader once since it started (pysyncobj's
 ``isReady``), so a restarted member never hands a new client the map it had when it died.
 Register and Drain are Raft commands, which pysyncobj forwards to the leader from any member.
-Heartbeat lives in the leader's memory, so a follower refuses it with FAILED_PRECONDITION and
-names the leader's gRPC address in the ``gcache-leader`` trailing metadata;
-``gcache.master_client`` follows it.
+Heartbeat and the engines' announcements (``gcache.master.engines``) live in the leader's
+memory, so a follower refuses them with FAILED_PRECONDITION and names the leader's gRPC address
+in the ``gcache-leader`` trailing metadata; ``gcache.master_client`` follows it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import TypeVar, cast
 
 import grpc
 
-from gcache.errors import MasterError
+from gcache.errors import InvalidRequest, MasterError
+from gcache.master.engines import EngineRegistry, checked
 from gcache.master.liveness import Liveness
 from gcache.master.metrics import timed
 from gcache.master.raft import RaftGroup
@@ -46,6 +47,7 @@ class MasterService(pb_grpc.MasterServicer):
     def __init__(self, group: RaftGroup, liveness: Liveness, placement: Placement) -> None:
         self.group, self.liveness = group, liveness
         self._placement = placement.to_pb()
+        self.engines = EngineRegistry()
 
     @timed
     def Register(self, request: pb.RegisterRequest,
@@ -118,6 +120,28 @@ class MasterService(pb_grpc.MasterServicer):
                               is_leader=self.group.is_leader(), epoch=state.epoch,
                               raft_term=self.group.term(),
                               servers=[server_pb(s) for s in list(state.servers.values())])
+
+    @timed
+    def AnnounceEngine(self, request: pb.AnnounceEngineRequest,
+                       context: grpc.ServicerContext) -> pb.AnnounceEngineReply:
+        if not self.group.is_leader():
+            self._redirect(context)
+        e = request.engine
+        try:
+            self.engines.announce(checked(e.url, e.model, e.events, e.bucket, request.ttl_s),
+                                  request.ttl_s)
+        except InvalidRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.AnnounceEngineReply()
+
+    @timed
+    def ListEngines(self, request: pb.ListEnginesRequest,
+                    context: grpc.ServicerContext) -> pb.ListEnginesReply:
+        if not self.group.is_leader():
+            self._redirect(context)
+        return pb.ListEnginesReply(engines=[
+            pb.Engine(url=r.url, model=r.model, events=r.events, bucket=r.bucket)
+            for r in self.engines.live()])
 
     def _submit(self, context: grpc.ServicerContext, command: Command) -> Applied | Refused:
         try:

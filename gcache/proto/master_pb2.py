@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gcache/proto/master.proto\x12\rgcache.master\"y\n\x06Server\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.gcache.master.ServerState\"8\n\x0fRegisterRequest\x12%\n\x06server\x18\x01 \x01(\x0b\x32\x15.gcache.master.Server\"*\n\rRegisterReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x1e\n\x10HeartbeatRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.gcache.master.ServerState\"0\n\tPlacement\x12\x0e\n\x06vnodes\x18\x01 \x01(\r\x12\x13\n\x0bgroup_width\x18\x02 \x01(\r\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\"\x81\x01\n\nClusterMap\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12&\n\x07servers\x18\x03 \x03(\x0b\x32\x15.gcache.master.Server\x12+\n\tplacement\x18\x04 \x01(\x0b\x32\x18.gcache.master.Placement\"\x1a\n\x0c\x44rainRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nDrainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1a\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nLeaveReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xa7\x01\n\x0bStatusReply\x12\x11\n\tself_raft\x18\x01 \x01(\t\x12\x13\n\x0bleader_raft\x18\x02 \x01(\t\x12\x13\n\x0bleader_grpc\x18\x03 \x01(\t\x12\x11\n\tis_leader\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x11\n\traft_term\x18\x06 \x01(\x04\x12&\n\x07servers\x18\x07 \x03(\x0b\x32\x15.gcache.master.Server*e\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x12\x08\n\x04LEFT\x10\x05\x32\xb6\x03\n\x06Master\x12H\n\x08Register\x12\x1e.gcache.master.RegisterRequest\x1a\x1c.gcache.master.RegisterReply\x12K\n\tHeartbeat\x12\x1f.gcache.master.HeartbeatRequest\x1a\x1d.gcache.master.HeartbeatReply\x12O\n\rGetClusterMap\x12#.gcache.master.GetClusterMapRequest\x1a\x19.gcache.master.ClusterMap\x12?\n\x05\x44rain\x12\x1b.gcache.master.DrainRequest\x1a\x19.gcache.master.DrainReply\x12?\n\x05Leave\x12\x1b.gcache.master.LeaveRequest\x1a\x19.gcache.master.LeaveReply\x12\x42\n\x06Status\x12\x1c.gcache.master.StatusRequest\x1a\x1a.gcache.master.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gcache/proto/master.proto\x12\rgcache.master\"y\n\x06Server\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.gcache.master.ServerState\"8\n\x0fRegisterRequest\x12%\n\x06server\x18\x01 \x01(\x0b\x32\x15.gcache.master.Server\"*\n\rRegisterReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x1e\n\x10HeartbeatRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x0eHeartbeatReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.gcache.master.ServerState\"0\n\tPlacement\x12\x0e\n\x06vnodes\x18\x01 \x01(\r\x12\x13\n\x0bgroup_width\x18\x02 \x01(\r\"+\n\x14GetClusterMapRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\"\x81\x01\n\nClusterMap\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12&\n\x07servers\x18\x03 \x03(\x0b\x32\x15.gcache.master.Server\x12+\n\tplacement\x18\x04 \x01(\x0b\x32\x18.gcache.master.Placement\"\x1a\n\x0c\x44rainRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nDrainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1a\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x1b\n\nLeaveReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xa7\x01\n\x0bStatusReply\x12\x11\n\tself_raft\x18\x01 \x01(\t\x12\x13\n\x0bleader_raft\x18\x02 \x01(\t\x12\x13\n\x0bleader_grpc\x18\x03 \x01(\t\x12\x11\n\tis_leader\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x11\n\traft_term\x18\x06 \x01(\x04\x12&\n\x07servers\x18\x07 \x03(\x0b\x32\x15.gcache.master.Server\"D\n\x06\x45ngine\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06\x65vents\x18\x03 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\r\"M\n\x15\x41nnounceEngineRequest\x12%\n\x06\x65ngine\x18\x01 \x01(\x0b\x32\x15.gcache.master.Engine\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\"\x15\n\x13\x41nnounceEngineReply\"\x14\n\x12ListEnginesRequest\":\n\x10ListEnginesReply\x12&\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x15.gcache.master.Engine*e\n\x0bServerState\x12\x1c\n\x18SERVER_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x12\x08\n\x04LEFT\x10\x05\x32\xe5\x04\n\x06Master\x12H\n\x08Register\x12\x1e.gcache.master.RegisterRequest\x1a\x1c.gcache.master.RegisterReply\x12K\n\tHeartbeat\x12\x1f.gcache.master.HeartbeatRequest\x1a\x1d.gcache.master.HeartbeatReply\x12O\n\rGetClusterMap\x12#.gcache.master.GetClusterMapRequest\x1a\x19.gcache.master.ClusterMap\x12?\n\x05\x44rain\x12\x1b.gcache.master.DrainRequest\x1a\x19.gcache.master.DrainReply\x12?\n\x05Leave\x12\x1b.gcache.master.LeaveRequest\x1a\x19.gcache.master.LeaveReply\x12\x42\n\x06Status\x12\x1c.gcache.master.StatusRequest\x1a\x1a.gcache.master.StatusReply\x12Z\n\x0e\x41nnounceEngine\x12$.gcache.master.AnnounceEngineRequest\x1a\".gcache.master.AnnounceEngineReply\x12Q\n\x0bListEngines\x12!.gcache.master.ListEnginesRequest\x1a\x1f.gcache.master.ListEnginesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gcache.proto.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVERSTATE']._serialized_start=905
-  _globals['_SERVERSTATE']._serialized_end=1006
+  _globals['_SERVERSTATE']._serialized_start=1159
+  _globals['_SERVERSTATE']._serialized_end=1260
   _globals['_SERVER']._serialized_start=44
   _globals['_SERVER']._serialized_end=165
   _globals['_REGISTERREQUEST']._serialized_start=167
@@ -61,6 +61,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_end=733
   _globals['_STATUSREPLY']._serialized_start=736
   _globals['_STATUSREPLY']._serialized_end=903
-  _globals['_MASTER']._serialized_start=1009
-  _globals['_MASTER']._serialized_end=1447
+  _globals['_ENGINE']._serialized_start=905
+  _globals['_ENGINE']._serialized_end=973
+  _globals['_ANNOUNCEENGINEREQUEST']._serialized_start=975
+  _globals['_ANNOUNCEENGINEREQUEST']._serialized_end=1052
+  _globals['_ANNOUNCEENGINEREPLY']._serialized_start=1054
+  _globals['_ANNOUNCEENGINEREPLY']._serialized_end=1075
+  _globals['_LISTENGINESREQUEST']._serialized_start=1077
+  _globals['_LISTENGINESREQUEST']._serialized_end=1097
+  _globals['_LISTENGINESREPLY']._serialized_start=1099
+  _globals['_LISTENGINESREPLY']._serialized_end=1157
+  _globals['_MASTER']._serialized_start=1263
+  _globals['_MASTER']._serialized_end=1876
 # @@protoc_insertion_point(module_scope)

@@ -135,3 +135,37 @@ class StatusReply(_message.Message):
     raft_term: int
     servers: _containers.RepeatedCompositeFieldContainer[Server]
     def __init__(self, self_raft: _Optional[str] = ..., leader_raft: _Optional[str] = ..., leader_grpc: _Optional[str] = ..., is_leader: _Optional[bool] = ..., epoch: _Optional[int] = ..., raft_term: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ...) -> None: ...
+
+class Engine(_message.Message):
+    __slots__ = ("url", "model", "events", "bucket")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    model: str
+    events: str
+    bucket: int
+    def __init__(self, url: _Optional[str] = ..., model: _Optional[str] = ..., events: _Optional[str] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class AnnounceEngineRequest(_message.Message):
+    __slots__ = ("engine", "ttl_s")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    engine: Engine
+    ttl_s: float
+    def __init__(self, engine: _Optional[_Union[Engine, _Mapping]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class AnnounceEngineReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListEnginesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListEnginesReply(_message.Message):
+    __slots__ = ("engines",)
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    engines: _containers.RepeatedCompositeFieldContainer[Engine]
+    def __init__(self, engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ...) -> None: ...

@@ -64,6 +64,16 @@ class MasterStub:
                 request_serializer=gcache_dot_proto_dot_master__pb2.StatusRequest.SerializeToString,
                 response_deserializer=gcache_dot_proto_dot_master__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.AnnounceEngine = channel.unary_unary(
+                '/gcache.master.Master/AnnounceEngine',
+                request_serializer=gcache_dot_proto_dot_master__pb2.AnnounceEngineRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.AnnounceEngineReply.FromString,
+                _registered_method=True)
+        self.ListEngines = channel.unary_unary(
+                '/gcache.master.Master/ListEngines',
+                request_serializer=gcache_dot_proto_dot_master__pb2.ListEnginesRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.ListEnginesReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -105,6 +115,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnnounceEngine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEngines(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +159,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=gcache_dot_proto_dot_master__pb2.StatusRequest.FromString,
                     response_serializer=gcache_dot_proto_dot_master__pb2.StatusReply.SerializeToString,
+            ),
+            'AnnounceEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceEngine,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.AnnounceEngineRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.AnnounceEngineReply.SerializeToString,
+            ),
+            'ListEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEngines,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.ListEnginesRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.ListEnginesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +333,60 @@ class Master:
             '/gcache.master.Master/Status',
             gcache_dot_proto_dot_master__pb2.StatusRequest.SerializeToString,
             gcache_dot_proto_dot_master__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/AnnounceEngine',
+            gcache_dot_proto_dot_master__pb2.AnnounceEngineRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.AnnounceEngineReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/ListEngines',
+            gcache_dot_proto_dot_master__pb2.ListEnginesRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.ListEnginesReply.FromString,
             options,
             channel_credentials,
             insecure,

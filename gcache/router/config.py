@@ -4,11 +4,14 @@ flags, read by the daemons' own loader (``gcache.config.load_config``).
 Instances and models are lists of short strings, so that one syntax serves the TOML file, the
 environment and the command line:
 
-- ``instances``: ``URL[;bucket=N][;events=ENDPOINT]``. ``bucket`` is the index of the length
-  bucket whose pool the instance serves (default 0); ``events`` is the ZMQ endpoint its vLLM
-  publishes KV events on (``--kv-events-config``; the router connects a SUB socket to it, so the
-  engine must bind: ``tcp://*:PORT`` or ``ipc://PATH``). Without ``events`` the router's own
-  routing history feeds that instance's view.
+- ``instances``: ``URL[;bucket=N][;events=ENDPOINT]``, engines that serve every model.
+  ``bucket`` is the index of the length bucket whose pool the instance serves (default 0);
+  ``events`` is the ZMQ endpoint its vLLM publishes KV events on (``--kv-events-config``; the
+  router connects a SUB socket to it, so the engine must bind: ``tcp://*:PORT`` or
+  ``ipc://PATH``). Without ``events`` the router's own routing history feeds that instance's
+  view. With ``master`` set, the engines announced there (their connectors'
+  ``gcache_engine_url``, ``gcache.kv.engine_announce``) join too, each for the models it
+  announced; a configured one wins over an announced one at the same address.
 - ``models``: ``NAME=TOKENIZER``: a served model name and the tokenizer folder or hub name whose
   tokenizer and chat template the engines use, so that a prompt's tokens here are the engine's.
 """
@@ -57,9 +60,10 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if not _is_address(self.listen):
             raise ConfigError("listen", self.listen, "must be HOST:PORT")
-        if not self.instances:
+        if not self.instances and not self.master:
             raise ConfigError("instances", self.instances, "name at least one engine "
-                              "(URL[;bucket=N][;events=ENDPOINT])")
+                              "(URL[;bucket=N][;events=ENDPOINT]), or the masters the engines "
+                              "announce themselves to (master)")
         if not self.models:
             raise ConfigError("models", self.models, "name at least one model (NAME=TOKENIZER)")
         for key, value in (("block_size", self.block_size),
@@ -108,6 +112,12 @@ class RouterConfig:
                             gcache_credit=self.gcache_credit, decode_tokens=self.decode_tokens,
                             spread_tokens=self.spread_tokens,
                             override_tokens=self.override_tokens)
+
+
+def announced(url: str, bucket: int, events: str) -> InstanceSpec:
+    """The spec of an engine announced to the masters (they checked its URL)."""
+    parts = urlsplit(url)
+    return InstanceSpec(f"{parts.hostname}:{parts.port}", url, bucket, events)
 
 
 def _instance(entry: str) -> InstanceSpec:

@@ -34,6 +34,10 @@ class Instance:
         self.healthy = True
         self.queued_prefill_tokens = 0
         self.running_decodes = 0
+        self.models: set[str] | None = None       # what it serves; None: every model
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
     def state(self, hashes: Sequence[bytes]) -> InstanceState:
         gpu = self.view.hit_pages(hashes, tier="gpu") * self.block_size

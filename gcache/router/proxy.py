@@ -29,7 +29,9 @@ from aiohttp import web
 from prometheus_client import REGISTRY, Counter, Gauge, generate_latest
 
 from gcache.errors import GCacheError, InvalidRequest, NoInstance
-from gcache.router.config import RouterConfig
+from gcache.master_client import MasterClient
+from gcache.proto import master_pb2 as pb
+from gcache.router.config import InstanceSpec, RouterConfig, announced
 from gcache.router.gcache_hits import GCacheHits
 from gcache.router.instances import Instance
 from gcache.router.kv_events import view_hashes
@@ -74,9 +76,14 @@ class Router:
         self.tokenizers = Tokenizers(config.model_tokenizers())
         self.instances = [Instance(spec, config) for spec in config.instance_specs()]
         self.by_name = {instance.name: instance for instance in self.instances}
+        self.static = set(self.by_name)
+        self.discovered: dict[str, Instance] = {}
+        self.masters = MasterClient(config.master, token=config.token) if config.master \
+            else None
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="gcache-router")
         self.session: aiohttp.ClientSession | None = None
-        self._health: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._masters_failing = False
         for instance in self.instances:
             UP.labels(instance.name).set(1)
 
@@ -94,19 +101,23 @@ class Router:
     async def _start(self, _app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.upstream_connect_s)
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
-        self._health = asyncio.create_task(self._check_health())
+        self._tasks.append(asyncio.create_task(self._check_health()))
+        if self.masters is not None:
+            self._tasks.append(asyncio.create_task(self._discover()))
 
     async def _stop(self, _app: web.Application) -> None:
-        if self._health is not None:
-            self._health.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self.session is not None:
             await self.session.close()
         self.close()
 
     def close(self) -> None:
-        """Stop the event subscribers and the thread pool (idempotent)."""
+        """Stop the event subscribers, the masters' client and the thread pool (idempotent)."""
         for instance in self.instances:
             instance.close()
+        if self.masters is not None:
+            self.masters.close()
         self.pool.shutdown(wait=False)
 
     # ---- endpoints ------------------------------------------------------------------------------
@@ -146,14 +157,15 @@ class Router:
         gcache_hit = await loop.run_in_executor(self.pool, self._gcache_hit, model, tokens)
         tried: set[str] = set()
         while True:
-            candidates = [i for i in self.instances if i.name not in tried]
+            candidates = [i for i in self.instances if i.name not in tried and i.serves(model)]
             states = [i.state(hashes) for i in candidates]
             try:
                 decision = route(len(tokens), gcache_hit, states, self.policy)
             except InvalidRequest as exc:
                 return error_response(400, str(exc))
             except NoInstance:
-                down = sorted(i.name for i in self.instances if not i.healthy)
+                down = sorted(i.name for i in self.instances
+                              if not i.healthy and i.serves(model))
                 return error_response(503, f"no engine instance can take the request (down: "
                                            f"{down}, failed it: {sorted(tried)})")
             instance = self.by_name[decision.instance]
@@ -252,6 +264,57 @@ class Router:
                 upstream.release()
             else:
                 upstream.close()
+
+    # ---- engines announced to the masters ---------------------------------------------------
+
+    async def _discover(self) -> None:
+        """Every health interval, the engines the masters know join the pools (for the
+        models they announced) and those that stopped announcing leave."""
+        assert self.masters is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                engines = await loop.run_in_executor(self.pool, self.masters.engines)
+            except GCacheError as exc:
+                if not self._masters_failing:
+                    log.warning("router.masters cannot list engines: %s", exc)
+                self._masters_failing = True
+            else:
+                self._masters_failing = False
+                for gone in self._apply_announced(engines):
+                    await loop.run_in_executor(self.pool, gone.close)
+            await asyncio.sleep(self.config.health_interval_s)
+
+    def _apply_announced(self, engines: Sequence[pb.Engine]) -> list[Instance]:
+        """Update the discovered instances to ``engines``; returns those that left."""
+        wanted: dict[str, tuple[InstanceSpec, set[str]]] = {}
+        for engine in engines:
+            if engine.model not in self.tokenizers or engine.bucket >= len(self.policy.buckets):
+                continue                   # another router's model, or a bucket we lack
+            spec = announced(engine.url, engine.bucket, engine.events)
+            if spec.name in self.static:
+                continue                   # configured here: the configuration wins
+            wanted.setdefault(spec.name, (spec, set()))[1].add(engine.model)
+        gone = []
+        for name, instance in list(self.discovered.items()):
+            if name not in wanted or wanted[name][0] != instance.spec:
+                log.info("router.instance %s left (no longer announced as before)", name)
+                del self.discovered[name], self.by_name[name]
+                self.instances.remove(instance)
+                UP.labels(name).set(0)
+                gone.append(instance)
+        for name, (spec, models) in wanted.items():
+            if name in self.discovered:
+                instance = self.discovered[name]
+            else:
+                instance = self.discovered[name] = self.by_name[name] = \
+                    Instance(spec, self.config)
+                self.instances.append(instance)
+                UP.labels(name).set(1)
+                log.info("router.instance %s joined from the masters (bucket %d, events %s)",
+                         name, spec.bucket, spec.events or "none")
+            instance.models = models
+        return gone
 
     # ---- health ---------------------------------------------------------------------------------
 

@@ -38,10 +38,12 @@ from typing import Any
 
 from gcache.kv import (
     GROUP_HEAD_TOKENS,
+    EngineAnnouncer,
     KeyScheme,
     KVStore,
     LoadCost,
     SchemePublisher,
+    announcer_from_settings,
     client_from_settings,
     count_setting,
     gcache_settings,
@@ -93,6 +95,14 @@ def shorten_gil_switch(settings: dict[str, Any]) -> None:
         sys.setswitchinterval(microseconds / 1e6)
 
 
+def kv_events_endpoint(vllm_config: Any) -> str:
+    """Where this engine publishes its KV events (``--kv-events-config``); "" for nowhere."""
+    config = getattr(vllm_config, "kv_events_config", None)
+    if config is None or not config.enable_kv_cache_events or config.publisher != "zmq":
+        return ""
+    return str(config.endpoint)
+
+
 class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -112,12 +122,15 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
                                                              GROUP_HEAD_TOKENS))
         self.scheduler = self.worker = None
         self.scheme_publishers: list[SchemePublisher] = []
+        self.announcer: EngineAnnouncer | None = None
         self._reported_misses: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
             scheme = KeyScheme(self.layout, self.store.policy.name,
                                count_setting(settings, "group_head_tokens", GROUP_HEAD_TOKENS))
             self.scheme_publishers = [SchemePublisher(self.client, name, scheme)
                                       for name in served_names(vllm_config)]
+            self.announcer = announcer_from_settings(settings, served_names(vllm_config),
+                                                     kv_events_endpoint(vllm_config))
             groups = len(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else 1
             self.scheduler = SchedulerSide(
                 self.store, self.layout.page_size, probe_timeout_s=self.client.config.timeout_s,
@@ -231,6 +244,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return True                            # layer hooks do real work: keep them in graphs
 
     def shutdown(self) -> None:
+        if self.announcer is not None:
+            self.announcer.close()
         if self.worker is not None:
             self.worker.close()
         if self.scheduler is not None:
