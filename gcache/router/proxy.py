@@ -202,7 +202,8 @@ class Router:
         """The client's response, or None when the engine failed before answering anything (the
         caller routes the request again)."""
         assert self.session is not None
-        headers = {"Content-Type": "application/json"}
+        # identity: the bytes are passed on as they come, without their encoding headers
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
         instance.queued_prefill_tokens += uncached
@@ -322,7 +323,7 @@ class Router:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
         while True:
-            for instance in self.instances:
+            for instance in list(self.instances):       # the masters' engines come and go
                 try:
                     async with self.session.get(instance.spec.url + "/health",
                                                 timeout=timeout) as answer:
