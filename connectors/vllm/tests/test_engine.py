@@ -98,12 +98,17 @@ def hit_of(ids: list[int]) -> int:
     return (len(ids) - 1) // BLOCK * BLOCK
 
 
-def stored_bytes(cluster: LocalCluster) -> int:
+def stored_bytes(cluster: LocalCluster, served_name: str) -> int:
+    """Bytes of KV the cluster holds: every value but the key scheme the engine published
+    under its served name (``gcache.kv.key_scheme``, for gcache-router)."""
+    from gcache.kv.key_scheme import scheme_key
     # a test's IO timeout, not an engine's 200 ms: the two cores also run the SGLang suite
     with Client(cluster.addresses, timeout_s=5.0) as client:
         stats = client.server_stats()
+        scheme = client.get(scheme_key(served_name))
     assert all(stats.values()), f"a server did not answer STAT: {stats}"
-    return sum(s["tier"]["bytes"] for s in stats.values())
+    assert scheme is not None, "the engine published no key scheme"
+    return sum(s["tier"]["bytes"] for s in stats.values()) - len(scheme)
 
 
 # gemma3-full-first (the sliding group second) is the three-turn test's hybrid: one engine less
@@ -172,7 +177,7 @@ def test_hybrid_model_stores_the_window_tail_rule_and_hits_only_where_safe(model
     layout = ModelLayout.from_config({**config, "torch_dtype": "float32"}, page_size=BLOCK)
     pages = len(ids) // BLOCK
     expected = pages * layout.full_page_bytes() + layout.tail_bytes(pages)
-    assert stored_bytes(gcache) == expected
+    assert stored_bytes(gcache, str(path)) == expected
     assert expected < pages * layout.all_layers_page_bytes()   # the sliding layers' saving
 
     shared = ids[:2 * BLOCK] + ids[-(len(ids) - 2 * BLOCK):][::-1]   # 2 pages, then other tokens
