@@ -18,7 +18,9 @@ from urllib.parse import urlsplit
 
 from gcache.errors import InvalidRequest
 
-MAX_ENGINES = 4096
+# A full list of the longest announcements (about 1.6 KB each) stays under gRPC's 4 MiB
+# default message limit, so ListEngines always answers.
+MAX_ENGINES = 1024
 MAX_FIELD = 512
 MAX_TTL_S = 300.0
 

@@ -84,9 +84,9 @@ def _chat_tokens(tokenizer: Any, body: dict[str, Any]) -> list[int]:
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             continue_final_message=continue_final,
             chat_template=body.get("chat_template"), **kwargs)
-    except (ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:     # a template raises what it likes (jinja2's TemplateError...)
         raise InvalidRequest(f"the messages cannot be rendered with the model's chat "
-                             f"template: {exc}") from exc
+                             f"template: {type(exc).__name__}: {exc}") from exc
     special = body.get("add_special_tokens", False)
     return list(tokenizer(text, add_special_tokens=bool(special))["input_ids"])
 

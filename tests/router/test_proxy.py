@@ -104,3 +104,20 @@ def test_a_tokenizer_that_cannot_be_loaded_stops_the_router_at_start(tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr
     assert "models=" in done.stderr and "its tokenizer cannot be loaded" in done.stderr
+
+
+def test_messages_the_chat_template_refuses_are_a_bad_request(tmp_path):
+    from transformers import AutoTokenizer
+
+    from gcache.errors import InvalidRequest
+    from gcache.router.prompts import prompt_tokens
+    path = word_tokenizer(tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}"
+                               "{{ raise_exception('no tools here') }}{% endif %}"
+                               "{{ m['content'] }} {% endfor %}")
+    body = {"messages": [{"role": "user", "content": "the cache keeps pages of kv"}]}
+    assert prompt_tokens(tokenizer, "/v1/chat/completions", body) == [3, 4, 5, 6, 7, 8]
+    with pytest.raises(InvalidRequest, match="no tools here"):
+        prompt_tokens(tokenizer, "/v1/chat/completions",
+                      {"messages": [{"role": "tool", "content": "x"}]})
