@@ -5,7 +5,8 @@ prefill tokens are queued until its first response bytes arrive (for a non-strea
 until it ends, as nothing arrives before), then it counts as one running decode until it ends.
 An engine cannot be asked this per request, and the router is the one that sends it the work.
 
-Health: an instance is down from its first failed health check or failed connection, and up
+Health: an instance is down from its first failed health check or failed connection (or its
+second slow check in a row, ``gcache.router.proxy``), and up
 again at its next passing check; coming back clears its view and event feed, since a restarted
 engine holds no cache (research/router.md §5).
 """
@@ -34,6 +35,7 @@ class Instance:
         self.healthy = True
         self.queued_prefill_tokens = 0
         self.running_decodes = 0
+        self.slow_checks = 0                      # health checks in a row that timed out
         self.models: set[str] | None = None       # what it serves; None: every model
 
     def serves(self, model: str) -> bool:

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--buckets", help="length buckets' upper bounds in tokens, comma "
                         "separated (default 65536,262144,1048576)")
     parser.add_argument("--health-interval", dest="health_interval_s", help="seconds")
+    parser.add_argument("--health-timeout", dest="health_timeout_s",
+                        help="seconds one health check may take (two slow ones in a row: down)")
     parser.add_argument("--config", help="TOML file with a [router] section")
     parser.add_argument("--log-level", default="INFO")
     return parser

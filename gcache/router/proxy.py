@@ -48,12 +48,20 @@ REFUSED = Counter("gcache_router_refused_total", "requests answered with an erro
                   ["status"])
 UP = Gauge("gcache_router_instance_up", "1 while an instance passes its health checks",
            ["instance"])
+QUEUED = Gauge("gcache_router_queued_prefill_tokens",
+               "uncached prompt tokens sent to an instance whose answer has not begun",
+               ["instance"])
+DECODING = Gauge("gcache_router_running_decodes",
+                 "requests an instance is answering (first bytes passed on, not ended)",
+                 ["instance"])
 GCACHE_HIT = Counter("gcache_router_gcache_hit_tokens_total",
                      "prompt tokens GCache could restore, over routed requests")
 PROMPT = Counter("gcache_router_prompt_tokens_total", "prompt tokens of routed requests")
 
 # An engine that is gone, refuses, resets or times out (TimeoutError is an OSError).
 UPSTREAM_ERRORS = (aiohttp.ClientError, OSError)
+
+SLOW_CHECKS_DOWN = 2
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 502: "BadGatewayError",
                503: "ServiceUnavailableError"}
@@ -67,6 +75,11 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 def error_response(status: int, message: str) -> web.Response:
     REFUSED.labels(str(status)).inc()
     return web.json_response(error_body(status, message), status=status)
+
+
+def _publish_load(instance: Instance) -> None:
+    QUEUED.labels(instance.name).set(instance.queued_prefill_tokens)
+    DECODING.labels(instance.name).set(instance.running_decodes)
 
 
 class Router:
@@ -207,12 +220,14 @@ class Router:
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
         instance.queued_prefill_tokens += uncached
+        _publish_load(instance)
         queued, decoding = True, False
         try:
             upstream = await self.session.post(instance.spec.url + request.path, data=raw,
                                                headers=headers)
         except UPSTREAM_ERRORS as exc:
             instance.queued_prefill_tokens -= uncached
+            _publish_load(instance)
             instance.mark(False, f"{type(exc).__name__}: {exc}")
             return None
         instance.routed(hashes)
@@ -224,6 +239,7 @@ class Router:
                 return None
             instance.queued_prefill_tokens -= uncached
             instance.running_decodes += 1
+            _publish_load(instance)
             queued, decoding = False, True
             out_headers = {"x-gcache-route": route_header}
             content_type = upstream.headers.get("Content-Type")
@@ -261,6 +277,7 @@ class Router:
                 instance.running_decodes -= 1
             if queued:
                 instance.queued_prefill_tokens -= uncached
+            _publish_load(instance)
             if upstream.content.at_eof():
                 upstream.release()
             else:
@@ -320,16 +337,30 @@ class Router:
     # ---- health ---------------------------------------------------------------------------------
 
     async def _check_health(self) -> None:
+        """Every instance at once, every health interval (one slow engine delays no other)."""
+        while True:
+            await asyncio.gather(*(self._check(i) for i in list(self.instances)))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def _check(self, instance: Instance) -> None:
+        """A refused or failed check marks the instance down at once (a dead engine); a slow
+        one only after ``SLOW_CHECKS_DOWN`` in a row, since one slow answer from an engine
+        that is busy prefilling is load, and a down-and-back costs its whole view."""
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-        while True:
-            for instance in list(self.instances):       # the masters' engines come and go
-                try:
-                    async with self.session.get(instance.spec.url + "/health",
-                                                timeout=timeout) as answer:
-                        ok, why = answer.status == 200, f"health answered {answer.status}"
-                except UPSTREAM_ERRORS as exc:
-                    ok, why = False, f"health check failed: {type(exc).__name__} {exc}"
-                instance.mark(ok, why)
-                UP.labels(instance.name).set(1 if instance.healthy else 0)
-            await asyncio.sleep(self.config.health_interval_s)
+        try:
+            async with self.session.get(instance.spec.url + "/health",
+                                        timeout=timeout) as answer:
+                ok, why = answer.status == 200, f"health answered {answer.status}"
+        except TimeoutError:
+            instance.slow_checks += 1
+            if instance.slow_checks < SLOW_CHECKS_DOWN:
+                return
+            ok, why = False, (f"{instance.slow_checks} health checks in a row took over "
+                              f"{self.config.health_timeout_s}s")
+        except UPSTREAM_ERRORS as exc:
+            ok, why = False, f"health check failed: {type(exc).__name__} {exc}"
+        else:
+            instance.slow_checks = 0
+        instance.mark(ok, why)
+        UP.labels(instance.name).set(1 if instance.healthy else 0)

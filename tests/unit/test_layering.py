@@ -19,6 +19,8 @@ BANNED = {
     "cli": ("gcache_sglang", "gcache_vllm", "torch"),
     "router": ("gcache.server", "gcache.master", "gcache.transport", "gcache.cli",
                "gcache_sglang", "gcache_vllm"),
+    "files": ("gcache.server", "gcache.master", "gcache.transport", "gcache.kv",
+              "gcache.router", "gcache.cli", "gcache_sglang", "gcache_vllm"),
 }
 # ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
 PACKAGE_INIT_ALLOWED = ("typing",)

@@ -156,7 +156,9 @@ def router(model, gcache, engines, tmp_path_factory):
     args = [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
             "--model", f"{MODEL}={model}", "--block-size", str(BLOCK),
             "--master", gcache.master_spec, "--buckets", "256,384,512",
-            "--health-interval", "0.5"]     # no --instance: the engines announce themselves
+            # an engine answering slowly beside make test's other lane is busy, not down
+            "--health-interval", "0.5", "--health-timeout", "5"]
+    # no --instance: the engines announce themselves
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -237,6 +239,14 @@ def test_requests_sharing_a_prefix_go_to_the_instance_that_holds_it(router, engi
             assert int(again["gpu_hit_tokens"]) >= 2 * BLOCK, again
 
 
+def metric(router_url: str, name: str, instance: str) -> float:
+    with urllib.request.urlopen(router_url + "/metrics", timeout=10) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(f'{name}{{instance="{instance}"}} '):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_a_prefix_only_gcache_holds_goes_to_the_least_loaded_and_loads_from_the_connector(
         router, engines):
     text = prompt(20, 5)
@@ -248,18 +258,26 @@ def test_a_prefix_only_gcache_holds_goes_to_the_least_loaded_and_loads_from_the_
         assert post(engine.url, None, path="/reset_prefix_cache", raw=b"")[0] == 200
         assert post(engine.url, {"model": MODEL, "prompt": f"Flush {i}.", "max_tokens": 1})[0] \
             == 200
-    time.sleep(1.0)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(post, router, {"model": MODEL, "prompt": prompt(21), "temperature": 0,
-                                          "max_tokens": 320, "ignore_eos": True})
-        time.sleep(0.5)              # in flight: its instance is the loaded one
+    time.sleep(2.0)
+    # A streamed request in flight on one engine: the router answers its headers once the
+    # engine's first bytes came, so from then on it counts as a running decode there, until
+    # the engine has sent the whole answer (a tiny model's is quick: beside a busy lane it may
+    # end before the next request is routed, so the load is read before and after).
+    busy_body = {"model": MODEL, "prompt": prompt(21), "temperature": 0, "max_tokens": 400,
+                 "ignore_eos": True, "stream": True}
+    request = urllib.request.Request(router + "/v1/completions", json.dumps(busy_body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as busy:
+        busy_name = route_of(dict(busy.headers))["instance"]
+        before = metric(router, "gcache_router_running_decodes", busy_name)
         body, route = complete(router, text, max_tokens=1)
-        busy_status, _, busy_headers = busy.result(timeout=300)
-    assert busy_status == 200
+        after = metric(router, "gcache_router_running_decodes", busy_name)
+        assert busy.read().rstrip().endswith(b"data: [DONE]")
     hit = int(route["gcache_hit_tokens"])
     assert route["reason"] == "gcache" and int(route["gpu_hit_tokens"]) == 0, route
     assert hit >= 3 * BLOCK, route
-    assert route["instance"] != route_of(busy_headers)["instance"], (route, busy_headers)
+    if before and after:             # busy throughout: the other engine was the less loaded
+        assert route["instance"] != busy_name, (route, busy_name)
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == hit, (body, route)
 
 
@@ -321,15 +339,21 @@ def test_bad_input_gets_an_openai_error_and_the_router_keeps_serving(router):
 
 def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streaming(
         router, engines):
-    """Half the requests stream. Those that had not started when the engine died fail over
-    and complete; a stream that had started ends with an error event, never a hang."""
+    """Half the requests stream. The engine is killed once the router has both kinds in flight
+    there: those that had not started fail over and complete; a stream that had started ends
+    with an error event, never a hang."""
     bodies = [{"model": MODEL, "prompt": prompt(50 + i), "max_tokens": 320, "temperature": 0,
                "ignore_eos": True} for i in range(8)]
     victim, survivor = engines[1], engines[0].url.removeprefix("http://")
+    name = victim.url.removeprefix("http://")
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(stream, router, body, allow_error=True) if i % 2 else
                    pool.submit(post, router, body) for i, body in enumerate(bodies)]
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not (metric(router, "gcache_router_queued_prefill_tokens", name) > 0
+                   and metric(router, "gcache_router_running_decodes", name) > 0):
+            assert time.monotonic() < deadline, "the victim never had both kinds in flight"
+            time.sleep(0.05)
         victim.kill()
         results = [future.result(timeout=300) for future in futures]
     broken = 0
@@ -342,15 +366,13 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
         streamed, headers = result
         if streamed["error"] is not None:
             broken += 1
-            assert route_of(headers)["instance"] == victim.url.removeprefix("http://")
+            assert route_of(headers)["instance"] == name
             assert streamed["error"]["code"] == 502 and not streamed["done"], streamed["error"]
         else:
             assert streamed["done"] and streamed["finish_reason"] == "length", streamed
-    with urllib.request.urlopen(router + "/metrics", timeout=10) as answer:
-        metrics = answer.read().decode()
-    moved = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                if line.startswith("gcache_router_failovers_total{"))
-    assert moved + broken >= 1, "no request was in flight on the killed engine"
+    assert broken >= 1, "the stream under way on the killed engine did not end in an error"
+    assert metric(router, "gcache_router_failovers_total", name) >= 1, \
+        "the request waiting on the killed engine did not fail over"
     time.sleep(1.5)                  # three health intervals
     for topic in (60, 61, 62):
         _, route = complete(router, prompt(topic))

@@ -1,0 +1,240 @@
+"""``FileStore``: files in GCache as content-addressed chunks behind a manifest.
+
+Keys: ``file/c/<digest>`` a chunk, ``file/m/<digest>`` a manifest (both content addressed:
+equal bytes are stored once, and no put ever gives such a key other bytes), ``file/n/<hash of
+the name>`` the name's current manifest (the one mutable key). Each chunk is placed by its own
+key, so a file's chunks spread over the cluster's servers and a read draws on all of them.
+
+A put writes the chunks the cluster does not hold yet, then the manifest, then the name: a
+reader who resolves the name sees a version whose every chunk was stored. A reader resolves the
+name once and reads that version's chunks by digest, checking each against the manifest: it
+gets one version's bytes or ``MissingRanges`` naming the byte ranges whose chunks are gone,
+never a mix of two versions. ``delete`` removes the name and its manifest; chunks may be shared
+with other files and versions, so they stay until evicted like any value.
+
+What this module does not do yet (issue 24): pinning files against KV eviction, replicas on
+distinct servers, listing names under a prefix.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from gcache.buffer import as_memoryview
+from gcache.errors import GCacheError, InvalidRequest
+from gcache.files.manifest import Manifest, MissingRanges
+from gcache.sdk import Client
+
+DEFAULT_CHUNK_SIZE = 16 << 20
+BATCH_BYTES = 64 << 20            # bytes one batch of chunk puts or gets moves at most
+
+
+def chunk_key(digest: str) -> str:
+    return f"file/c/{digest}"
+
+
+def manifest_key(digest: str) -> str:
+    return f"file/m/{digest}"
+
+
+def name_key(name: str) -> str:
+    if not name:
+        raise InvalidRequest("a file name is empty")
+    return "file/n/" + xxhash.xxh3_128_hexdigest(name.encode())
+
+
+class FileNotStored(GCacheError):
+    """A put could not store every chunk (servers full or down): the name was not changed."""
+
+
+class FileStore:
+    def __init__(self, client: Client, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        if chunk_size < 1:
+            raise InvalidRequest(f"chunk_size {chunk_size} must be at least 1 byte")
+        self.client, self.chunk_size = client, chunk_size
+
+    # ---- write ----------------------------------------------------------------------------------
+
+    def put_file(self, name: str, source: str | os.PathLike[str] | Any, *,
+                 metadata: dict[str, Any] | None = None) -> Manifest:
+        """Store ``source`` (a file's path, or a bytes-like buffer) as ``name``'s new version.
+        Raises ``FileNotStored`` when a chunk could not be stored."""
+        key = name_key(name)
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return self._put_view(name, key, memoryview(b""), metadata)
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    view = memoryview(mapped)
+                    try:
+                        return self._put_view(name, key, view, metadata)
+                    finally:
+                        view.release()
+        return self._put_view(name, key, as_memoryview(source, writable=False, what="source"),
+                              metadata)
+
+    def _put_view(self, name: str, key: str, data: memoryview,
+                  metadata: dict[str, Any] | None) -> Manifest:
+        data = data.cast("B")
+        whole = xxhash.xxh3_128()
+        spans = [(i, min(self.chunk_size, len(data) - i))
+                 for i in range(0, len(data), self.chunk_size)]
+        digests = []
+        for start, length in spans:
+            piece = data[start:start + length]
+            whole.update(piece)
+            digests.append(xxhash.xxh3_128_hexdigest(piece))
+        keys = [chunk_key(d) for d in digests]
+        held = self.client.batch_exists(keys) if keys else []
+        todo = [i for i, ok in enumerate(held) if not ok]
+        unique: dict[str, int] = {}
+        for i in todo:
+            unique.setdefault(keys[i], i)               # one put per distinct chunk
+        failed = self._put_chunks([(k, data[spans[i][0]:spans[i][0] + spans[i][1]])
+                                   for k, i in unique.items()])
+        if failed:
+            raise FileNotStored(f"{name}: {len(failed)} of {len(unique)} new chunks could not "
+                                "be stored (servers full or down); the name was not changed")
+        manifest = Manifest(name, len(data), whole.hexdigest(), self.chunk_size,
+                            tuple(digests), dict(metadata or {}))
+        raw = manifest.to_bytes()
+        digest = xxhash.xxh3_128_hexdigest(raw)
+        if not self.client.put(manifest_key(digest), raw, content_addressed=True) or \
+                not self.client.put(key, digest.encode()):
+            raise FileNotStored(f"{name}: its manifest or name could not be stored")
+        return manifest
+
+    def _put_chunks(self, items: Sequence[tuple[str, memoryview]]) -> list[str]:
+        failed: list[str] = []
+        for batch in _batches(items, lambda item: len(item[1])):
+            keys = [k for k, _ in batch]
+            done = self.client.batch_put(keys, [v for _, v in batch], content_addressed=True)
+            failed += [k for k, ok in zip(keys, done) if not ok]
+        return failed
+
+    def delete(self, name: str) -> bool:
+        """Remove ``name`` (and its manifest); True when it existed."""
+        key = name_key(name)
+        pointer = self.client.get(key)
+        if pointer is None:
+            return False
+        self.client.delete(manifest_key(pointer.decode(errors="replace")))
+        return self.client.delete(key)
+
+    # ---- read -----------------------------------------------------------------------------------
+
+    def stat(self, name: str) -> Manifest | None:
+        """The manifest of ``name``'s current version; None when there is none (or it is gone)."""
+        pointer = self.client.get(name_key(name))
+        if pointer is None:
+            return None
+        raw = self.client.get(manifest_key(pointer.decode(errors="replace")))
+        if raw is None:
+            return None
+        manifest = Manifest.from_bytes(raw)
+        if manifest.name != name:
+            raise InvalidRequest(f"the manifest named by {name!r} is of {manifest.name!r}")
+        return manifest
+
+    def get_file(self, name: str, dest: str | os.PathLike[str] | Any) -> Manifest:
+        """Read ``name`` whole into ``dest``: a path (written beside it, then renamed into
+        place, so a failed read leaves no partial file) or a writable buffer of at least the
+        file's size. Raises ``FileNotFoundError`` for an unknown name and ``MissingRanges``."""
+        manifest = self._manifest(name)
+        if not isinstance(dest, (str, os.PathLike)):
+            out = as_memoryview(dest, writable=True, what="dest").cast("B")
+            if len(out) < manifest.size:
+                raise InvalidRequest(f"dest holds {len(out)} bytes; {name} is {manifest.size}")
+            self._read_chunks(manifest, range(len(manifest.chunks)), out, 0)
+            return manifest
+        partial = f"{os.fspath(dest)}.gcache-partial"
+        try:
+            with open(partial, "w+b") as fh:
+                fh.truncate(manifest.size)
+                if manifest.size:
+                    with mmap.mmap(fh.fileno(), manifest.size) as mapped:
+                        view = memoryview(mapped)
+                        try:
+                            self._read_chunks(manifest, range(len(manifest.chunks)), view, 0)
+                        finally:
+                            view.release()
+            os.replace(partial, dest)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        return manifest
+
+    def read_range(self, name: str, offset: int, length: int, out: Any) -> int:
+        """Read ``length`` bytes of ``name`` from ``offset`` into ``out``; the bytes read (fewer
+        at the end of the file). Raises ``MissingRanges`` when a chunk it needs is gone."""
+        if offset < 0 or length < 0:
+            raise InvalidRequest(f"offset {offset} and length {length} must be >= 0")
+        manifest = self._manifest(name)
+        length = max(0, min(length, manifest.size - offset))
+        target = as_memoryview(out, writable=True, what="out").cast("B")
+        if len(target) < length:
+            raise InvalidRequest(f"out holds {len(target)} bytes; {length} were asked for")
+        if length == 0:
+            return 0
+        first, last = offset // manifest.chunk_size, (offset + length - 1) // manifest.chunk_size
+        span_start = first * manifest.chunk_size
+        span_end = min(manifest.size, (last + 1) * manifest.chunk_size)
+        if span_start == offset and span_end == offset + length:
+            self._read_chunks(manifest, range(first, last + 1), target, span_start)
+        else:                             # partial chunks at the ends: read whole, then copy
+            scratch = bytearray(span_end - span_start)
+            self._read_chunks(manifest, range(first, last + 1), memoryview(scratch), span_start)
+            target[:length] = scratch[offset - span_start:offset - span_start + length]
+        return length
+
+    def _manifest(self, name: str) -> Manifest:
+        manifest = self.stat(name)
+        if manifest is None:
+            raise FileNotFoundError(f"no file {name!r} in GCache")
+        return manifest
+
+    def _read_chunks(self, manifest: Manifest, indexes: range, out: memoryview,
+                     base: int) -> None:
+        """Chunks ``indexes`` of ``manifest`` into ``out``, whose first byte is file offset
+        ``base``; each checked against its digest. ``MissingRanges`` for those not read."""
+        items = []
+        for i in indexes:
+            start, length = manifest.chunk_span(i)
+            items.append((i, out[start - base:start - base + length]))
+        missing = []
+        for batch in _batches(items, lambda item: len(item[1])):
+            got = self.client.batch_get_into([chunk_key(manifest.chunks[i]) for i, _ in batch],
+                                             [view for _, view in batch])
+            for (i, view), n in zip(batch, got):
+                if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
+                    missing.append(manifest.chunk_span(i))
+        if missing:
+            raise MissingRanges(manifest, _merged(missing))
+
+
+def _batches(items: Sequence[Any], size: Any) -> list[list[Any]]:
+    out: list[list[Any]] = [[]]
+    held = 0
+    for item in items:
+        if out[-1] and held + size(item) > BATCH_BYTES:
+            out.append([])
+            held = 0
+        out[-1].append(item)
+        held += size(item)
+    return [batch for batch in out if batch]
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, length in sorted(spans):
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + length)
+        else:
+            out.append((start, length))
+    return out

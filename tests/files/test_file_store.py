@@ -1,0 +1,161 @@
+"""``gcache.files`` on a real local cluster of three servers: safetensors shards pushed and
+pulled byte for byte, content addressing, range reads, one version per read while a new one is
+pushed, and the exact ranges a killed server takes away."""
+
+import threading
+
+import numpy as np
+import pytest
+import xxhash
+from safetensors.numpy import save_file
+
+from gcache.errors import InvalidRequest
+from gcache.files import FileStore, Manifest, MissingRanges
+from gcache.files.store import chunk_key
+from gcache.sdk import Client
+from tests.helpers import wait_until
+
+CHUNK = 256 << 10
+
+
+@pytest.fixture
+def cluster(cluster_factory):
+    return cluster_factory(3, memory="64MiB")
+
+
+@pytest.fixture
+def files(cluster):
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        yield FileStore(client, chunk_size=CHUNK)
+
+
+def shards(folder, count=3, seed=0):
+    """Safetensors shards of a made-up model, each a few chunks long."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        tensors = {f"layers.{i}.w{j}": rng.standard_normal((256, 300 + 7 * j), np.float32)
+                   for j in range(3)}
+        save_file(tensors, str(folder / f"model-{i:05d}-of-{count:05d}.safetensors"))
+    return sorted(folder.iterdir())
+
+
+def test_a_directory_of_shards_pulls_back_byte_identical(files, tmp_path):
+    pushed = shards(tmp_path / "model")
+    for path in pushed:
+        header = path.read_bytes()[:8]
+        manifest = files.put_file(f"model/{path.name}", path,
+                                  metadata={"header_bytes": int.from_bytes(header, "little")})
+        assert manifest.size == path.stat().st_size and len(manifest.chunks) > 2
+    out = tmp_path / "pulled"
+    out.mkdir()
+    for path in pushed:
+        got = files.get_file(f"model/{path.name}", out / path.name)
+        assert (out / path.name).read_bytes() == path.read_bytes()
+        assert got.digest == xxhash.xxh3_128_hexdigest(path.read_bytes())
+        assert files.stat(f"model/{path.name}").metadata["header_bytes"] > 0
+    buffer = bytearray(pushed[0].stat().st_size)
+    files.get_file(f"model/{pushed[0].name}", buffer)
+    assert bytes(buffer) == pushed[0].read_bytes()
+
+
+def test_the_same_bytes_pushed_twice_are_stored_once(files, cluster):
+    data = np.random.default_rng(1).integers(0, 256, 5 * CHUNK + 1000, np.uint8).tobytes()
+
+    def stored():
+        return sum(s["tier"]["bytes"] for s in files.client.server_stats().values())
+
+    files.put_file("a", data)
+    before = stored()
+    files.put_file("b", data)
+    assert stored() - before < 4096          # a manifest and a name, no chunk
+    assert files.stat("a").chunks == files.stat("b").chunks
+
+
+@pytest.mark.parametrize("offset, length", [
+    (0, CHUNK), (CHUNK, 2 * CHUNK), (100, 50), (CHUNK - 10, 20), (3 * CHUNK + 5, 10 * CHUNK),
+    (0, 0), (4 * CHUNK, 1)])
+def test_a_range_read_returns_exactly_those_bytes(files, offset, length):
+    data = np.random.default_rng(2).integers(0, 256, 4 * CHUNK + 333, np.uint8).tobytes()
+    files.put_file("ranged", data)
+    out = bytearray(length)
+    n = files.read_range("ranged", offset, length, out)
+    assert n == len(data[offset:offset + length])
+    assert bytes(out[:n]) == data[offset:offset + length]
+
+
+def test_every_read_sees_one_version_while_a_new_one_is_pushed(files):
+    versions = [np.random.default_rng(10 + v).integers(0, 256, 6 * CHUNK, np.uint8).tobytes()
+                for v in range(2)]
+    digests = {xxhash.xxh3_128_hexdigest(v) for v in versions}
+    files.put_file("weights", versions[0])
+    seen, errors = [], []
+    stop = threading.Event()
+
+    def reader():
+        out = bytearray(6 * CHUNK)
+        while not stop.is_set() and len(seen) < 200:
+            try:
+                files.get_file("weights", out)
+            except MissingRanges as exc:         # an old version's chunk evicted: an error,
+                errors.append(exc)               # never a mix
+                continue
+            seen.append(xxhash.xxh3_128_hexdigest(out))
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for thread in readers:
+        thread.start()
+    for i in range(6):
+        files.put_file("weights", versions[(i + 1) % 2])
+    stop.set()
+    for thread in readers:
+        thread.join(timeout=60)
+    assert seen and set(seen) <= digests, "a read mixed two versions"
+    assert not errors
+
+
+def test_a_killed_server_is_reported_as_exactly_the_ranges_it_held(files, cluster):
+    data = np.random.default_rng(3).integers(0, 256, 24 * CHUNK + 17, np.uint8).tobytes()
+    manifest = files.put_file("big", data)
+    for victim in range(3):          # one that holds chunks but neither the name nor manifest
+        cluster.kill(victim)
+        if files.stat("big") is not None:
+            break
+        cluster.restart(victim)      # its arena outlives it: what it held comes back
+        wait_until(lambda: files.stat("big") is not None, timeout_s=10)
+    gone = [i for i, ok in enumerate(files.client.batch_exists(
+        [chunk_key(d) for d in manifest.chunks])) if not ok]
+    assert 0 < len(gone) < len(manifest.chunks)
+    with pytest.raises(MissingRanges) as caught:
+        files.get_file("big", bytearray(len(data)))
+    expected = [manifest.chunk_span(i) for i in gone]
+    covered = [(o, n) for o, n in caught.value.ranges]
+    assert sum(n for _, n in covered) == sum(n for _, n in expected)
+    for start, length in expected:
+        assert any(o <= start and start + length <= o + n for o, n in covered)
+    assert "bytes are gone" in str(caught.value)
+    # a range away from every lost chunk still reads
+    whole = next(i for i in range(len(manifest.chunks)) if i not in gone)
+    start, length = manifest.chunk_span(whole)
+    out = bytearray(length)
+    assert files.read_range("big", start, length, out) == length
+    assert bytes(out) == data[start:start + length]
+
+
+def test_unknown_names_and_bad_arguments_are_refused_by_name(files, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no file 'nope'"):
+        files.get_file("nope", tmp_path / "x")
+    assert not (tmp_path / "x.gcache-partial").exists() and not (tmp_path / "x").exists()
+    assert files.stat("nope") is None and files.delete("nope") is False
+    files.put_file("small", b"0123456789")
+    with pytest.raises(InvalidRequest, match="must be >= 0"):
+        files.read_range("small", -1, 4, bytearray(4))
+    with pytest.raises(InvalidRequest, match="holds 2 bytes"):
+        files.get_file("small", bytearray(2))
+    with pytest.raises(InvalidRequest, match="empty"):
+        files.put_file("", b"x")
+    assert files.delete("small") is True and files.stat("small") is None
+    with pytest.raises(InvalidRequest, match="not a file manifest"):
+        Manifest.from_bytes(b"[1]")
+    with pytest.raises(InvalidRequest, match="format None"):
+        Manifest.from_bytes(b"{}")
