@@ -102,7 +102,8 @@ class GCacheHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
         extra = dict(storage_config.extra_config or {})
         settings = gcache_settings(extra, unused=("policy", "async_load_tokens", "pinned_mb",
-                                                  "switch_interval_us", "recompute_tokens_per_s"))
+                                                  "switch_interval_us", "recompute_tokens_per_s",
+                                                  "engine_url", "engine_bucket"))
         self.config = storage_config
         self.zero_copy = bool(extra.get("interface_v1"))
         self.grouped = engine_passes_prefix_keys(extra)
