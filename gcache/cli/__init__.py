@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gcache.cli import arenas, explain, plan, replay, top
+from gcache.cli import files as files_cmd
 from gcache.config import parse_size
 from gcache.errors import GCacheError, InvalidRequest
 
@@ -262,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     arenas.add_parser(sub)
     top.add_parser(sub)
     explain.add_parser(sub)
+    files_cmd.add_parser(sub)
     return parser
 
 

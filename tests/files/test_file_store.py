@@ -159,3 +159,29 @@ def test_unknown_names_and_bad_arguments_are_refused_by_name(files, tmp_path):
         Manifest.from_bytes(b"[1]")
     with pytest.raises(InvalidRequest, match="format None"):
         Manifest.from_bytes(b"{}")
+
+
+def test_gcache_files_push_pull_rm(cluster, tmp_path):
+    import subprocess
+    import sys
+    pushed = shards(tmp_path / "model", count=2, seed=5)
+    (tmp_path / "model" / "sub").mkdir()
+    (tmp_path / "model" / "sub" / "config.json").write_text('{"layers": 2}')
+    servers = ",".join(cluster.addresses)
+
+    def gcache(*args):
+        return subprocess.run([sys.executable, "-m", "gcache.cli", "files", *args, "--servers",
+                               servers, "--chunk-size", str(CHUNK), "--quiet"],
+                              capture_output=True, text=True, timeout=120)
+
+    done = gcache("push", str(tmp_path / "model"), "--name", "tiny-model")
+    assert done.returncode == 0, done.stderr
+    assert "pushed 3 files as tiny-model" in done.stdout and "GB/s" in done.stdout
+    done = gcache("pull", "tiny-model", str(tmp_path / "pulled"))
+    assert done.returncode == 0, done.stderr
+    for path in pushed + [tmp_path / "model" / "sub" / "config.json"]:
+        relative = path.relative_to(tmp_path / "model")
+        assert (tmp_path / "pulled" / relative).read_bytes() == path.read_bytes()
+    assert gcache("rm", "tiny-model").returncode == 0
+    done = gcache("pull", "tiny-model", str(tmp_path / "again"))
+    assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr

@@ -1,0 +1,117 @@
+"""``gcache files push DIR --name NAME`` / ``pull NAME DEST`` / ``rm NAME``: directories (model
+weights) in GCache through ``gcache.files``.
+
+A pushed directory is its files, each stored as ``NAME/<relative path>``, and an index stored as
+``NAME`` itself (a JSON list of the relative paths and sizes, with metadata ``kind:
+directory``), written last: a pull reads the index once, so it gets the files of one push.
+Progress goes to stderr with the bytes moved and GB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+from gcache.cli.top import add_target_flags, targets_of
+from gcache.errors import InvalidRequest
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    files = sub.add_parser("files", help="directories (model weights) in GCache: push, pull, rm")
+    verbs = files.add_subparsers(dest="verb", required=True)
+    push = verbs.add_parser("push", help="store every file under DIR as NAME/<path>")
+    push.add_argument("dir")
+    push.add_argument("--name", required=True)
+    pull = verbs.add_parser("pull", help="write NAME's files under DEST")
+    pull.add_argument("name")
+    pull.add_argument("dest")
+    rm = verbs.add_parser("rm", help="forget NAME and its files (their chunks go by eviction)")
+    rm.add_argument("name")
+    for verb in (push, pull, rm):
+        add_target_flags(verb)
+        verb.add_argument("--chunk-size", type=int, default=16 << 20, help="bytes per chunk")
+        verb.add_argument("--quiet", action="store_true", help="no progress")
+        verb.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gcache.files import FileStore
+    from gcache.sdk import Client
+    with Client(config=targets_of(args).config) as client:
+        store = FileStore(client, chunk_size=args.chunk_size)
+        if args.verb == "push":
+            return _push(store, pathlib.Path(args.dir), args.name, args.quiet)
+        if args.verb == "pull":
+            return _pull(store, args.name, pathlib.Path(args.dest), args.quiet)
+        index = _index(store, args.name)
+        for entry in index:
+            store.delete(f"{args.name}/{entry['path']}")
+        store.delete(args.name)
+        print(f"removed {args.name} ({len(index)} files)")
+        return 0
+
+
+def _push(store: Any, root: pathlib.Path, name: str, quiet: bool) -> int:
+    if not root.is_dir():
+        raise InvalidRequest(f"{root} is not a directory")
+    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    progress = _Progress(sum(p.stat().st_size for p in paths), quiet)
+    entries = []
+    for path in paths:
+        relative = path.relative_to(root).as_posix()
+        manifest = store.put_file(f"{name}/{relative}", path)
+        entries.append({"path": relative, "size": manifest.size, "digest": manifest.digest})
+        progress.add(manifest.size, relative)
+    store.put_file(name, json.dumps(entries).encode(), metadata={"kind": "directory"})
+    progress.done(f"pushed {len(entries)} files as {name}")
+    return 0
+
+
+def _pull(store: Any, name: str, dest: pathlib.Path, quiet: bool) -> int:
+    index = _index(store, name)
+    progress = _Progress(sum(e["size"] for e in index), quiet)
+    for entry in index:
+        target = dest / entry["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        manifest = store.get_file(f"{name}/{entry['path']}", target)
+        if manifest.digest != entry["digest"]:       # pushed again since the index was read
+            raise InvalidRequest(f"{name}/{entry['path']} changed during the pull; pull again")
+        progress.add(manifest.size, entry["path"])
+    progress.done(f"pulled {len(index)} files of {name} into {dest}")
+    return 0
+
+
+def _index(store: Any, name: str) -> list[dict[str, Any]]:
+    manifest = store.stat(name)
+    if manifest is None or manifest.metadata.get("kind") != "directory":
+        raise InvalidRequest(f"no directory {name!r} pushed to GCache")
+    raw = bytearray(manifest.size)
+    store.get_file(name, raw)
+    entries: list[dict[str, Any]] = json.loads(bytes(raw))
+    return entries
+
+
+class _Progress:
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet, self.moved = total, quiet, 0
+        self.started = time.perf_counter()
+
+    def add(self, n: int, what: str) -> None:
+        self.moved += n
+        if not self.quiet:
+            seconds = max(time.perf_counter() - self.started, 1e-9)
+            sys.stderr.write(f"\r{self.moved / 2**20:9.1f} / {self.total / 2**20:.1f} MiB "
+                             f"{self.moved / seconds / 1e9:6.2f} GB/s  {what[-40:]:<40}")
+            sys.stderr.flush()
+
+    def done(self, message: str) -> None:
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        if not self.quiet:
+            sys.stderr.write("\n")
+        print(f"{message}: {self.moved} bytes in {seconds:.2f} s "
+              f"({self.moved / seconds / 1e9:.2f} GB/s)")
+        sys.stdout.flush()
