@@ -10,12 +10,10 @@ name once and reads that version's chunks only, so it gets one version or an err
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
+from gcache.documents import decode_document, encode_document
 from gcache.errors import GCacheError, InvalidRequest
 
 FORMAT = "gcache.files/1"
@@ -36,28 +34,19 @@ class Manifest:
         return start, min(self.chunk_size, self.size - start)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": FORMAT, "name": self.name, "size": self.size,
-                           "digest": self.digest, "chunk_size": self.chunk_size,
-                           "chunks": list(self.chunks), "metadata": self.metadata},
-                          sort_keys=True).encode()
-
-    def key_digest(self) -> str:
-        return xxhash.xxh3_128_hexdigest(self.to_bytes())
+        return encode_document(FORMAT, {
+            "name": self.name, "size": self.size, "digest": self.digest,
+            "chunk_size": self.chunk_size, "chunks": list(self.chunks), "metadata": self.metadata})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
         """Raises ``InvalidRequest`` naming what is wrong with a value that is not a manifest."""
+        doc = decode_document(raw, FORMAT, "file manifest")
         try:
-            doc = json.loads(raw)
-            if doc.get("format") != FORMAT:
-                raise InvalidRequest(f"a manifest of format {doc.get('format')!r}; this reader "
-                                     f"knows {FORMAT!r}")
             manifest = cls(str(doc["name"]), int(doc["size"]), str(doc["digest"]),
                            int(doc["chunk_size"]), tuple(str(c) for c in doc["chunks"]),
                            dict(doc["metadata"]))
-        except InvalidRequest:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise InvalidRequest(f"not a file manifest: {type(exc).__name__}: {exc}") from exc
         expected = -(-manifest.size // manifest.chunk_size) if manifest.chunk_size > 0 else -1
         if manifest.size < 0 or len(manifest.chunks) != expected:

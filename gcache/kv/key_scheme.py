@@ -18,13 +18,13 @@ different weights overwrite each other's scheme: one name should mean one model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
+from gcache.documents import decode_document, encode_document
 from gcache.errors import InvalidRequest
 from gcache.kv.layout import LayerGeometry, ModelLayout
 from gcache.kv.policy import policy_from_name
@@ -55,18 +55,14 @@ class KeyScheme:
         layout["full"] = dataclasses.asdict(self.layout.full)
         layout["swa"] = dataclasses.asdict(self.layout.swa)
         layout["swa_layers"] = list(self.layout.swa_layers)
-        return json.dumps({"format": FORMAT, "layout": layout, "policy": self.policy,
-                           "group_head_tokens": self.group_head_tokens},
-                          sort_keys=True).encode()
+        return encode_document(FORMAT, {"layout": layout, "policy": self.policy,
+                                        "group_head_tokens": self.group_head_tokens})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> KeyScheme:
         """Raises ``InvalidRequest`` naming what is wrong with a value that is not a scheme."""
+        doc = decode_document(raw, FORMAT, "key scheme")
         try:
-            doc = json.loads(raw)
-            if doc.get("format") != FORMAT:
-                raise InvalidRequest(f"a key scheme of format {doc.get('format')!r}; this "
-                                     f"reader knows {FORMAT!r}")
             fields: dict[str, Any] = dict(doc["layout"])
             fields["full"] = LayerGeometry(**fields["full"])
             fields["swa"] = LayerGeometry(**fields["swa"])
@@ -75,7 +71,7 @@ class KeyScheme:
             policy_from_name(scheme.policy)
         except InvalidRequest:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise InvalidRequest(f"not a key scheme: {type(exc).__name__}: {exc}") from exc
         return scheme
 

@@ -24,7 +24,7 @@ BANNED = {
 }
 # ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
 PACKAGE_INIT_ALLOWED = ("typing",)
-TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.errors", "gcache.keys",
+TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.errors", "gcache.keys", "gcache.documents",
                      "gcache.frame", "gcache.buffer", "gcache.outcomes", "gcache.placement",
                      "gcache.master_client", "gcache.proto")
 
