@@ -92,10 +92,10 @@ class FileStore:
             digests.append(xxhash.xxh3_128_hexdigest(piece))
         keys = [chunk_key(d) for d in digests]
         held = self.client.batch_exists(keys) if keys else []
-        todo = [i for i, ok in enumerate(held) if not ok]
-        unique: dict[str, int] = {}
-        for i in todo:
-            unique.setdefault(keys[i], i)               # one put per distinct chunk
+        unique: dict[str, int] = {}                     # one put per distinct missing chunk
+        for i, ok in enumerate(held):
+            if not ok:
+                unique.setdefault(keys[i], i)
         failed = self._put_chunks([(k, data[spans[i][0]:spans[i][0] + spans[i][1]])
                                    for k, i in unique.items()])
         if failed:
