@@ -8,69 +8,17 @@ process started here is ended here, by its PID.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass
 
+from gcache.cli.ports import free_ports
 from gcache.errors import StartFailed
 
 READY = "gcache-master ready listen="
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port of ``host`` that is free now (see ``free_ports``)."""
-    return free_ports(1, host)[0]
-
-
-# The ports this process handed out last: a member killed in a test keeps its address for its
-# restart, so no later pick of this process may take it meanwhile. Bounded, so a soak that
-# starts groups for hours never runs out of the 12,000 ports below the ephemeral range.
-_handed_out: deque[int] = deque(maxlen=2048)
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports of ``host``, free now, chosen below the kernel's ephemeral range so
-    that no outgoing connection's source port takes one between this check and its bind. The
-    probes stay bound until all ``n`` are chosen: picked one by one, two members of one group
-    drew the same port (one's Raft port was another's gRPC port) and one could not start."""
-    low = _ephemeral_low()
-    probes: list[socket.socket] = []
-    try:
-        for _ in range(200 + n):
-            if len(probes) == n:
-                break
-            port = random.randrange(max(1024, low - 12000), low)
-            if port in _handed_out:
-                continue
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                probe.close()
-                continue
-            probes.append(probe)
-        if len(probes) < n:
-            raise StartFailed(f"no {n} free ports found below the ephemeral range")
-        ports = [probe.getsockname()[1] for probe in probes]
-        _handed_out.extend(ports)
-        return ports
-    finally:
-        for probe in probes:
-            probe.close()
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 @dataclass

@@ -22,7 +22,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import pytest
 from gcache import Client
 from gcache.cli.arenas import SHM_DIR, SIDECARS
 from gcache.cli.local_cluster import READY
+from gcache.cli.ports import free_port
 from gcache.config import CREDENTIAL, MasterConfig, ServerConfig, load_config
 from gcache.errors import ConfigError
 
@@ -260,12 +260,6 @@ def test_the_fstab_line_sizes_dev_shm_above_the_example_arena():
 # ---- the server, started as its unit starts it -------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _service_environment(root: Path, unit: Unit, name: str) -> dict[str, str]:
     """What systemd puts in the service's environment (paths under root), plus the unit's own
     Environment= assignments."""
@@ -350,7 +344,7 @@ def test_a_server_started_from_its_units_exec_start_serves_stops_and_keeps_its_a
     env = _service_environment(root, unit, name)
     shipped = load_config(ServerConfig, "server", path=str(config_path), env=env)
     shm_name = f"gcache-systemd-{uuid.uuid4().hex[:8]}"
-    metrics_port = _free_port()
+    metrics_port = free_port()
     # What a test on a shared machine must change, by environment (above the file, below
     # flags): loopback and free ports, its own arena name and a small arena, no masters, and
     # the config's own paths under root.

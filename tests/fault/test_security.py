@@ -22,7 +22,8 @@ import pytest
 
 from gcache import Client
 from gcache.cli.local_cluster import LocalCluster
-from gcache.cli.local_masters import LocalMasters, free_port
+from gcache.cli.local_masters import LocalMasters
+from gcache.cli.ports import free_port
 from gcache.master_client import MasterClient
 from gcache.proto import master_pb2 as pb
 from tests.helpers import wait_until

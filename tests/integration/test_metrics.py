@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gcache import Client
 from gcache.cli.arenas import SHM_DIR
 from gcache.cli.local_cluster import LocalCluster
-from gcache.cli.local_masters import LocalMasters, free_port
+from gcache.cli.local_masters import LocalMasters
+from gcache.cli.ports import free_port
 from gcache.kv import KVStore, LayerArrays
 from gcache.master_client import MasterClient
 from tests.helpers import wait_until

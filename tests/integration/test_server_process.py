@@ -2,7 +2,6 @@
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from gcache import Client
+from gcache.cli.ports import free_port
 from gcache.frame import Op
 from gcache.sdk.protocol import Channel
 from gcache.server.huge_pages import huge_tmpfs
@@ -89,9 +89,7 @@ def test_a_busy_port_is_a_clear_error(cluster_factory):
 
 
 def test_metrics_endpoint_serves_tier_counters(cluster_factory):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     cluster = cluster_factory(1, memory="64MiB",
                               server_args=("--metrics-listen", f"127.0.0.1:{port}"))
     with Client(cluster.addresses) as client:

@@ -189,7 +189,7 @@ def test_with_every_master_down_clients_keep_their_map(masters, tmp_path):
 def test_a_master_serves_prometheus_metrics(tmp_path):
     import urllib.request
 
-    from gcache.cli.local_masters import free_port
+    from gcache.cli.ports import free_port
     metrics = f"127.0.0.1:{free_port()}"
     with LocalMasters(1, args=("--metrics-listen", metrics), log_dir=str(tmp_path)) as group:
         wait_until(lambda: leader_index(group) == 0, timeout_s=10)

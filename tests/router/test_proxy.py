@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from gcache.cli.local_masters import free_ports
+from gcache.cli.ports import free_ports
 
 
 def word_tokenizer(path):

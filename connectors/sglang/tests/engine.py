@@ -13,19 +13,13 @@ import time
 import urllib.error
 import urllib.request
 
+from gcache.cli.ports import free_port
 from gcache.server.arena import ALIGN, RECORD, RECORD_MAGIC, STATE_COMMITTED, value_offset
 
 BACKEND = {"backend_name": "gcache", "module_path": "gcache_sglang.storage",
            "class_name": "GCacheHiCacheStorage", "interface_v1": 1,
            "prefetch_threshold": 16, "hicache_storage_pass_prefix_keys": True}
 ADMIN_KEY = "gcache-test-admin"
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Engine:

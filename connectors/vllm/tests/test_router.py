@@ -10,6 +10,7 @@ The tests share the engines and run in order; the last one kills an engine.
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import os
 import pathlib
@@ -24,7 +25,8 @@ import pytest
 from engine_testing.tiny_models import CORPUS, llama
 
 from gcache.cli.local_cluster import LocalCluster
-from gcache.cli.local_masters import LocalMasters, free_ports
+from gcache.cli.local_masters import LocalMasters
+from gcache.cli.ports import free_ports
 from gcache.router.prompts import prompt_tokens
 
 BLOCK = 32
@@ -91,8 +93,8 @@ class Engine:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
                     if answer.status == 200:
                         return
-            except OSError:
-                pass
+            except (OSError, http.client.HTTPException):
+                pass  # not listening yet, or (before it exits) another process's port
             time.sleep(0.5)
         raise AssertionError(f"engine not ready in {timeout_s} s: {self.log.read_text()[-3000:]}")
 
