@@ -245,7 +245,28 @@ def render_metadata(report: dict) -> str:
     ])
 
 
+def render_files(report: dict) -> str:
+    limit = report["limits"]["page_cache_preadv_gbps"]
+    lines = [
+        f"Measured {report['date']} by `make bench` (`bench/files.py`) on {report['cpus']} "
+        f"CPUs: one file of {report['file_mib']} MiB in {report['chunk_mib']} MiB chunks, "
+        "pushed with `gcache.files` and pulled whole with `FileStore.get_file` into memory "
+        "(every chunk checked against its digest), from 1, 2 and 3 servers on loopback; best "
+        f"of {report['repeat']}. Limit in the same run: `preadv` of the same file from the page "
+        f"cache into memory, {limit:.2f} GB/s. Every server shares this host's cores: more "
+        "servers add streams, not the bandwidth of more hosts.",
+        "",
+        "| servers | transport | GB/s | × page cache |",
+        "|---:|---|---:|---:|",
+    ]
+    for row in report["pulls"]:
+        lines.append(f"| {row['servers']} | {row['transport']} | {row['gbps']:.2f} | "
+                     f"{row['x_page_cache']:.2f} |")
+    return "\n".join(lines)
+
+
 SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
+            "files": ("files-latest.json", render_files),
             "metadata": ("metadata-latest.json", render_metadata),
             "master": ("master-latest.json", render_master),
             "replay": ("replay-latest.json", render_replay),

@@ -10,7 +10,6 @@ Progress goes to stderr with the bytes moved and GB/s.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -40,59 +39,43 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from gcache.files import FileStore
+    from gcache.files.directory import remove_directory
     from gcache.sdk import Client
     with Client(config=targets_of(args).config) as client:
         store = FileStore(client, chunk_size=args.chunk_size)
-        if args.verb == "push":
-            return _push(store, pathlib.Path(args.dir), args.name, args.quiet)
-        if args.verb == "pull":
-            return _pull(store, args.name, pathlib.Path(args.dest), args.quiet)
-        index = _index(store, args.name)
-        for entry in index:
-            store.delete(f"{args.name}/{entry['path']}")
-        store.delete(args.name)
-        print(f"removed {args.name} ({len(index)} files)")
-        return 0
+        try:
+            if args.verb == "push":
+                return _push(store, pathlib.Path(args.dir), args.name, args.quiet)
+            if args.verb == "pull":
+                return _pull(store, args.name, pathlib.Path(args.dest), args.quiet)
+            print(f"removed {args.name} ({remove_directory(store, args.name)} files)")
+            return 0
+        except FileNotFoundError as exc:
+            raise InvalidRequest(str(exc)) from None
 
 
 def _push(store: Any, root: pathlib.Path, name: str, quiet: bool) -> int:
+    from gcache.files.directory import push_directory
     if not root.is_dir():
         raise InvalidRequest(f"{root} is not a directory")
-    paths = sorted(p for p in root.rglob("*") if p.is_file())
-    progress = _Progress(sum(p.stat().st_size for p in paths), quiet)
-    entries = []
-    for path in paths:
-        relative = path.relative_to(root).as_posix()
-        manifest = store.put_file(f"{name}/{relative}", path)
-        entries.append({"path": relative, "size": manifest.size, "digest": manifest.digest})
-        progress.add(manifest.size, relative)
-    store.put_file(name, json.dumps(entries).encode(), metadata={"kind": "directory"})
+    progress = _Progress(sum(p.stat().st_size for p in root.rglob("*") if p.is_file()), quiet)
+    entries = push_directory(store, root, name,
+                             on_file=lambda entry: progress.add(entry.size, entry.path))
     progress.done(f"pushed {len(entries)} files as {name}")
     return 0
 
 
 def _pull(store: Any, name: str, dest: pathlib.Path, quiet: bool) -> int:
-    index = _index(store, name)
-    progress = _Progress(sum(e["size"] for e in index), quiet)
+    from gcache.files.directory import directory_file, directory_index
+    index = directory_index(store, name)
+    progress = _Progress(sum(e.size for e in index), quiet)
     for entry in index:
-        target = dest / entry["path"]
+        target = dest / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        manifest = store.get_file(f"{name}/{entry['path']}", target)
-        if manifest.digest != entry["digest"]:       # pushed again since the index was read
-            raise InvalidRequest(f"{name}/{entry['path']} changed during the pull; pull again")
-        progress.add(manifest.size, entry["path"])
+        manifest = store.get_file(directory_file(store, name, entry), target)
+        progress.add(manifest.size, entry.path)
     progress.done(f"pulled {len(index)} files of {name} into {dest}")
     return 0
-
-
-def _index(store: Any, name: str) -> list[dict[str, Any]]:
-    manifest = store.stat(name)
-    if manifest is None or manifest.metadata.get("kind") != "directory":
-        raise InvalidRequest(f"no directory {name!r} pushed to GCache")
-    raw = bytearray(manifest.size)
-    store.get_file(name, raw)
-    entries: list[dict[str, Any]] = json.loads(bytes(raw))
-    return entries
 
 
 class _Progress:

@@ -13,7 +13,8 @@ never a mix of two versions. ``delete`` removes the name and its manifest; chunk
 with other files and versions, so they stay until evicted like any value.
 
 What this module does not do yet (issue 24): pinning files against KV eviction, replicas on
-distinct servers, listing names under a prefix.
+distinct servers, listing names under a prefix. Directories (a name per file plus an index) are
+``gcache.files.directory``.
 """
 
 from __future__ import annotations
@@ -142,11 +143,13 @@ class FileStore:
             raise InvalidRequest(f"the manifest named by {name!r} is of {manifest.name!r}")
         return manifest
 
-    def get_file(self, name: str, dest: str | os.PathLike[str] | Any) -> Manifest:
-        """Read ``name`` whole into ``dest``: a path (written beside it, then renamed into
-        place, so a failed read leaves no partial file) or a writable buffer of at least the
-        file's size. Raises ``FileNotFoundError`` for an unknown name and ``MissingRanges``."""
-        manifest = self._manifest(name)
+    def get_file(self, file: str | Manifest, dest: str | os.PathLike[str] | Any) -> Manifest:
+        """Read ``file`` (a name, or a manifest from ``stat``: that version) whole into
+        ``dest``: a path (written beside it, then renamed into place, so a failed read leaves
+        no partial file) or a writable buffer of at least the file's size. Raises
+        ``FileNotFoundError`` for an unknown name and ``MissingRanges``."""
+        manifest = file if isinstance(file, Manifest) else self._manifest(file)
+        name = manifest.name
         if not isinstance(dest, (str, os.PathLike)):
             out = as_memoryview(dest, writable=True, what="dest").cast("B")
             if len(out) < manifest.size:
@@ -170,12 +173,14 @@ class FileStore:
                 os.unlink(partial)
         return manifest
 
-    def read_range(self, name: str, offset: int, length: int, out: Any) -> int:
-        """Read ``length`` bytes of ``name`` from ``offset`` into ``out``; the bytes read (fewer
-        at the end of the file). Raises ``MissingRanges`` when a chunk it needs is gone."""
+    def read_range(self, file: str | Manifest, offset: int, length: int, out: Any) -> int:
+        """Read ``length`` bytes of ``file`` from ``offset`` into ``out``; the bytes read (fewer
+        at the end of the file). ``file`` is a name (its current version) or a manifest from
+        ``stat`` (that version: a reader of many ranges passes it, so they are of one version).
+        Raises ``MissingRanges`` when a chunk it needs is gone."""
         if offset < 0 or length < 0:
             raise InvalidRequest(f"offset {offset} and length {length} must be >= 0")
-        manifest = self._manifest(name)
+        manifest = file if isinstance(file, Manifest) else self._manifest(file)
         length = max(0, min(length, manifest.size - offset))
         target = as_memoryview(out, writable=True, what="out").cast("B")
         if len(target) < length:

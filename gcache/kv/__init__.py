@@ -7,7 +7,13 @@ connectors' shared settings and the SDK's pinned host staging for copies to and 
 connectors use only the names below.
 """
 
-from gcache.kv.connect import client_from_settings, count_setting, gcache_settings
+from gcache.kv.connect import (
+    KV_ONLY,
+    LOADER_ONLY,
+    client_from_settings,
+    count_setting,
+    gcache_settings,
+)
 from gcache.kv.engine_announce import EngineAnnouncer, announcer_from_settings
 from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.key_scheme import KeyScheme, SchemePublisher
@@ -26,6 +32,8 @@ __all__ = [
     "DEFAULT_POLICY",
     "DONE",
     "GROUP_HEAD_TOKENS",
+    "KV_ONLY",
+    "LOADER_ONLY",
     "SHIPPED_CONFIGS",
     "EngineAnnouncer",
     "EnginePages",

@@ -48,7 +48,17 @@ SETTINGS = {
                   "announced to the masters so that gcache-router finds it (needs "
                   "gcache_master; default: not announced)",
     "engine_bucket": "vLLM: the length bucket whose pool this engine serves (default 0)",
+    "name": "vLLM model loader (--load-format gcache): the name the model's directory was "
+            "pushed under (gcache files push DIR --name NAME)",
+    "prefetch_mb": "vLLM model loader: MiB of weights read ahead while earlier tensors are "
+                   "copied into the model (default 256)",
 }
+# Settings only the model loader reads, and those only the KV connectors read: each refuses the
+# other's by name.
+LOADER_ONLY = ("name", "prefetch_mb")
+KV_ONLY = ("namespace", "group_head_tokens", "async_load_tokens", "pinned_mb",
+           "switch_interval_us", "recompute_tokens_per_s", "policy", "engine_url",
+           "engine_bucket")
 
 
 def gcache_settings(extra: Mapping[str, Any] | None, *,

@@ -41,6 +41,7 @@ from typing import Any
 
 from gcache.kv import (
     GROUP_HEAD_TOKENS,
+    LOADER_ONLY,
     EnginePages,
     client_from_settings,
     count_setting,
@@ -103,7 +104,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         extra = dict(storage_config.extra_config or {})
         settings = gcache_settings(extra, unused=("policy", "async_load_tokens", "pinned_mb",
                                                   "switch_interval_us", "recompute_tokens_per_s",
-                                                  "engine_url", "engine_bucket"))
+                                                  "engine_url", "engine_bucket", *LOADER_ONLY))
         self.config = storage_config
         self.zero_copy = bool(extra.get("interface_v1"))
         self.grouped = engine_passes_prefix_keys(extra)

@@ -313,7 +313,8 @@ def test_storage_metrics_report_pages_and_bandwidth(cluster):
                                          ({"gcache_policy": "tail"}, "gcache_policy"),
                                          ({"gcache_pinned_mb": 64}, "gcache_pinned_mb"),
                                          ({"gcache_async_load_tokens": 0},
-                                          "gcache_async_load_tokens")])
+                                          "gcache_async_load_tokens"),
+                                         ({"gcache_name": "m"}, "gcache_name")])
 def test_bad_settings_fail_at_creation_naming_the_key(cluster, extra, named):
     with pytest.raises(ConfigError, match=named):
         backend(storage_config(cluster.addresses, **extra), mha_host("page_first"))

@@ -38,6 +38,7 @@ from typing import Any
 
 from gcache.kv import (
     GROUP_HEAD_TOKENS,
+    LOADER_ONLY,
     EngineAnnouncer,
     KeyScheme,
     KVStore,
@@ -107,7 +108,7 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        settings = gcache_settings(extra)
+        settings = gcache_settings(extra, unused=LOADER_ONLY)
         pinned_mib(settings)                   # a bad value stops every role at start
         self.client = client_from_settings(settings)
         rank = 0 if role == KVConnectorRole.SCHEDULER else tensor_parallel_rank()

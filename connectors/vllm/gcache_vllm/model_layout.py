@@ -32,12 +32,41 @@ def keyed_model_name(vllm_config: Any, namespace: str = "") -> str:
     the same name never load the old weights' KV."""
     model = vllm_config.model_config.model
     folder = _weights_dir(vllm_config)
-    fingerprint = weights_fingerprint(folder) if folder else None
+    fingerprint = _pushed_weights_fingerprint(vllm_config, folder)
+    if fingerprint is None and folder:
+        fingerprint = weights_fingerprint(folder)
     if fingerprint is None:
         log.warning("gcache: no safetensors weights found for %s; keys name the model only "
                     "(set a new gcache_namespace when its weights change)", model)
     return (f"vllm/{model}" + (f"|ns:{namespace}" if namespace else "")
             + (f"|weights:{fingerprint}" if fingerprint else ""))
+
+
+def _pushed_weights_fingerprint(vllm_config: Any, folder: str | None) -> str | None:
+    """With ``--load-format gcache`` the weights are the pushed directory's, whatever the local
+    folder holds: their content digests (exact, not sampled) and the local ``config.json``.
+    None when the loader will read from the local folder (nothing pushed under its name)."""
+    load_config = getattr(vllm_config, "load_config", None)
+    if getattr(load_config, "load_format", None) != "gcache":
+        return None
+    import xxhash
+
+    from gcache.files import FileStore
+    from gcache.files.directory import content_digest, directory_index
+    from gcache.kv import client_from_settings
+    from gcache_vllm.loader import loader_settings
+    settings = loader_settings(load_config.model_loader_extra_config)
+    with client_from_settings(settings) as client:
+        try:
+            entries = directory_index(FileStore(client), settings["name"])
+        except FileNotFoundError:
+            return None
+    digest = xxhash.xxh3_128(content_digest(entries, suffix=".safetensors").encode())
+    config = os.path.join(folder or "", "config.json")
+    if folder and os.path.isfile(config):
+        with open(config, "rb") as fh:
+            digest.update(fh.read())
+    return "gcache:" + digest.hexdigest()
 
 
 def served_names(vllm_config: Any) -> list[str]:

@@ -8,7 +8,8 @@ log-probabilities, and the number of prompt tokens vLLM reports as cached.
 ``conversation`` (instead of ``prompts``): each turn's prompt is the previous prompt, the
 engine's answer to it and the turn's message, as a chat client sends it. ``kill_on_load``: the
 PID of a GCache server to SIGKILL right after the worker starts its first load (the server dies
-mid-transfer).
+mid-transfer). ``connector: false``: no KV connector. ``load_format`` and ``loader_config``:
+vLLM's ``--load-format`` and ``--model-loader-extra-config``.
 """
 
 from __future__ import annotations
@@ -44,15 +45,20 @@ def main() -> None:
         extra["gcache_async_load_tokens"] = spec["async_load_tokens"]
     if spec.get("kill_on_load"):
         kill_on_first_load(spec["kill_on_load"])
+    more = {}
+    if spec.get("connector", True):
+        more["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="GCacheConnector", kv_connector_module_path="gcache_vllm.connector",
+            kv_role="kv_both", kv_load_failure_policy="recompute",
+            kv_connector_extra_config=extra)
+    if spec.get("load_format"):
+        more["load_format"] = spec["load_format"]
+        more["model_loader_extra_config"] = spec.get("loader_config", {})
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True,
               block_size=spec["block_size"], max_model_len=512,
               kv_cache_memory_bytes=64 << 20, seed=0, enable_prefix_caching=False,
               tensor_parallel_size=spec.get("tp", 1),
-              distributed_executor_backend="uni" if spec.get("tp", 1) == 1 else "mp",
-              kv_transfer_config=KVTransferConfig(
-                  kv_connector="GCacheConnector",
-                  kv_connector_module_path="gcache_vllm.connector", kv_role="kv_both",
-                  kv_load_failure_policy="recompute", kv_connector_extra_config=extra))
+              distributed_executor_backend="uni" if spec.get("tp", 1) == 1 else "mp", **more)
     params = SamplingParams(temperature=0.0, max_tokens=spec["new_tokens"], ignore_eos=True,
                             logprobs=1)
     results = []

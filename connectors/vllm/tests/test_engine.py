@@ -227,6 +227,50 @@ def test_new_weights_under_the_same_path_miss_and_the_comparison_would_see_stale
     assert stale["output_ids"] != tokens or worst > 100 * LOGPROB_TOLERANCE
 
 
+def test_an_engine_loads_its_weights_from_gcache_as_from_disk(models, tmp_path):
+    """``--load-format gcache``: a tiny Llama's weights, resharded in two, pushed to three
+    servers; an engine whose ``--model`` directory holds only the config and tokenizer gives
+    exactly the output of an engine that loads the same shards from disk. The KV connector of
+    the first keys the model by the pushed shards' digests."""
+    from safetensors.torch import load_file, save_file
+
+    from gcache.files import FileStore
+    from gcache.files.directory import push_directory
+    source, ids, _ = models["llama"]
+    model, config_only = tmp_path / "llama", tmp_path / "config-only"
+    model.mkdir()
+    config_only.mkdir()
+    tensors = {}
+    for f in source.iterdir():
+        if f.suffix == ".safetensors":
+            tensors.update(load_file(f))
+        elif f.is_file():
+            (model / f.name).write_bytes(f.read_bytes())
+            (config_only / f.name).write_bytes(f.read_bytes())
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k].contiguous() for k in keys}, model / shard)
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    with LocalCluster(3, memory="64MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path / "gcache")) as cluster:
+        with Client(cluster.addresses, timeout_s=5.0) as client:
+            push_directory(FileStore(client, chunk_size=256 << 10), model, "models/llama")
+        from_disk = run(model, cluster.addresses, [ids], connector=False,
+                        log=tmp_path / "disk.log")["results"]
+        loader = {"gcache_servers": ",".join(cluster.addresses), "gcache_name": "models/llama",
+                  "gcache_prefetch_mb": 1}
+        from_gcache = run(config_only, cluster.addresses, [ids], load_format="gcache",
+                          loader_config=loader, log=tmp_path / "gcache.log")["results"]
+    assert from_gcache[0]["output_ids"] == from_disk[0]["output_ids"]
+    assert from_gcache[0]["logprobs"] == from_disk[0]["logprobs"]
+    log = (tmp_path / "gcache.log").read_text(errors="replace")
+    assert "GCache loader: 2 shards" in log and f"0 from {config_only}" in log
+    assert "no safetensors weights found" not in log        # keyed by the pushed digests
+
+
 def keep_sampled_bytes(old: pathlib.Path, new: pathlib.Path) -> None:
     """Copy the bytes the fingerprint samples of every tensor of ``old``'s safetensors files
     into the same tensors of ``new``'s (same architecture: same headers)."""

@@ -191,7 +191,8 @@ def test_bad_settings_stop_the_engine_at_start_naming_the_key(tmp_path, cluster)
     config.kv_transfer_config.kv_connector_extra_config["gcache_polcy"] = "tail"
     with pytest.raises(ConfigError, match="gcache_polcy"):
         scheduler(config, kv_config)
-    for key, bad in (("gcache_pinned_mb", 0), ("gcache_async_load_tokens", -1)):
+    for key, bad in (("gcache_pinned_mb", 0), ("gcache_async_load_tokens", -1),
+                     ("gcache_name", "a model loader setting, not the connector's")):
         config, kv_config, _ = engine_pair(tmp_path / key, cluster, window=None)
         config.kv_transfer_config.kv_connector_extra_config[key] = bad
         with pytest.raises(ConfigError, match=key):
