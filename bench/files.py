@@ -70,7 +70,7 @@ def pull_gbps(servers: list[str], transport: str, path: str, out: memoryview,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=512, help="file size in MiB")
+    parser.add_argument("--mib", type=int, default=256, help="file size in MiB")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--servers", default="1,2,3", help="server counts to measure")
     args = parser.parse_args()

@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     push = verbs.add_parser("push", help="store every file under DIR as NAME/<path>")
     push.add_argument("dir")
     push.add_argument("--name", required=True)
+    push.add_argument("--replicas", type=int, default=1,
+                      help="copies of each chunk on distinct servers (default 1)")
     pull = verbs.add_parser("pull", help="write NAME's files under DEST")
     pull.add_argument("name")
     pull.add_argument("dest")
@@ -42,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from gcache.files.directory import remove_directory
     from gcache.sdk import Client
     with Client(config=targets_of(args).config) as client:
-        store = FileStore(client, chunk_size=args.chunk_size)
+        store = FileStore(client, chunk_size=args.chunk_size,
+                          replicas=getattr(args, "replicas", 1))
         try:
             if args.verb == "push":
                 return _push(store, pathlib.Path(args.dir), args.name, args.quiet)

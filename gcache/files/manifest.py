@@ -27,6 +27,10 @@ class Manifest:
     chunk_size: int
     chunks: tuple[str, ...]            # xxh3-128 hex of each chunk, in order
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Copies of each chunk on distinct servers (``gcache.files.replicas``): for replicas > 1,
+    # per chunk the placement attempt of each extra copy, as the put found distinct owners.
+    replicas: int = 1
+    placements: tuple[tuple[int, ...], ...] = ()
 
     def chunk_span(self, index: int) -> tuple[int, int]:
         """(offset, length) of chunk ``index`` in the file."""
@@ -36,7 +40,8 @@ class Manifest:
     def to_bytes(self) -> bytes:
         return encode_document(FORMAT, {
             "name": self.name, "size": self.size, "digest": self.digest,
-            "chunk_size": self.chunk_size, "chunks": list(self.chunks), "metadata": self.metadata})
+            "chunk_size": self.chunk_size, "chunks": list(self.chunks), "metadata": self.metadata,
+            "replicas": self.replicas, "placements": [list(p) for p in self.placements]})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
@@ -45,13 +50,19 @@ class Manifest:
         try:
             manifest = cls(str(doc["name"]), int(doc["size"]), str(doc["digest"]),
                            int(doc["chunk_size"]), tuple(str(c) for c in doc["chunks"]),
-                           dict(doc["metadata"]))
+                           dict(doc["metadata"]), int(doc.get("replicas", 1)),
+                           tuple(tuple(int(a) for a in p) for p in doc.get("placements", ())))
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidRequest(f"not a file manifest: {type(exc).__name__}: {exc}") from exc
         expected = -(-manifest.size // manifest.chunk_size) if manifest.chunk_size > 0 else -1
         if manifest.size < 0 or len(manifest.chunks) != expected:
             raise InvalidRequest(f"manifest of {manifest.name!r}: {len(manifest.chunks)} chunks "
                                  f"for {manifest.size} bytes in chunks of {manifest.chunk_size}")
+        if manifest.replicas < 1 or (manifest.replicas > 1 and (
+                len(manifest.placements) != len(manifest.chunks) or
+                any(len(p) != manifest.replicas - 1 for p in manifest.placements))):
+            raise InvalidRequest(f"manifest of {manifest.name!r}: placements do not match "
+                                 f"{manifest.replicas} replicas of {len(manifest.chunks)} chunks")
         return manifest
 
 

@@ -12,8 +12,12 @@ gets one version's bytes or ``MissingRanges`` naming the byte ranges whose chunk
 never a mix of two versions. ``delete`` removes the name and its manifest; chunks may be shared
 with other files and versions, so they stay until evicted like any value.
 
-What this module does not do yet (issue 24): pinning files against KV eviction, replicas on
-distinct servers, listing names under a prefix. Directories (a name per file plus an index) are
+``replicas=N`` puts N copies of each chunk on N distinct servers (under the current map; the
+manifest records where each extra copy was placed) and a read takes the first whole copy, so a
+file survives the loss of N-1 of its servers. KV stays single-copy.
+
+What this module does not do yet (issue 24): pinning files against KV eviction, listing names
+under a prefix. Directories (a name per file plus an index) are
 ``gcache.files.directory``.
 """
 
@@ -33,10 +37,23 @@ from gcache.sdk import Client
 
 DEFAULT_CHUNK_SIZE = 16 << 20
 BATCH_BYTES = 64 << 20            # bytes one batch of chunk puts or gets moves at most
+PLACEMENT_ATTEMPTS = 256          # per extra copy; with n servers each try is new with p>=1/n
+MAX_SMALL_COPIES = 4              # copies of a name or manifest a reader looks for at most
 
 
 def chunk_key(digest: str) -> str:
     return f"file/c/{digest}"
+
+
+def replica_key(digest: str, copy: int) -> str:
+    """Extra copy ``copy`` (1, 2, ...) of a chunk."""
+    return f"file/c/{digest}/r{copy}"
+
+
+def replica_group(digest: str, copy: int, attempt: int) -> str:
+    """The placement group of extra copy ``copy`` at placement ``attempt``: attempts go on
+    until the copy's owner differs from every earlier copy's, and the manifest records it."""
+    return f"file/c/{digest}/r{copy}/{attempt}"
 
 
 def manifest_key(digest: str) -> str:
@@ -54,34 +71,41 @@ class FileNotStored(GCacheError):
 
 
 class FileStore:
-    def __init__(self, client: Client, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+    def __init__(self, client: Client, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 replicas: int = 1) -> None:
         if chunk_size < 1:
             raise InvalidRequest(f"chunk_size {chunk_size} must be at least 1 byte")
-        self.client, self.chunk_size = client, chunk_size
+        if replicas < 1:
+            raise InvalidRequest(f"replicas {replicas} must be at least 1")
+        self.client, self.chunk_size, self.replicas = client, chunk_size, replicas
 
     # ---- write ----------------------------------------------------------------------------------
 
     def put_file(self, name: str, source: str | os.PathLike[str] | Any, *,
-                 metadata: dict[str, Any] | None = None) -> Manifest:
-        """Store ``source`` (a file's path, or a bytes-like buffer) as ``name``'s new version.
-        Raises ``FileNotStored`` when a chunk could not be stored."""
+                 metadata: dict[str, Any] | None = None, replicas: int | None = None) -> Manifest:
+        """Store ``source`` (a file's path, or a bytes-like buffer) as ``name``'s new version,
+        each chunk on ``replicas`` distinct servers (default: the store's). Raises
+        ``FileNotStored`` when a chunk could not be stored."""
         key = name_key(name)
+        copies = self.replicas if replicas is None else replicas
+        if copies < 1:
+            raise InvalidRequest(f"replicas {copies} must be at least 1")
         if isinstance(source, (str, os.PathLike)):
             with open(source, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size == 0:
-                    return self._put_view(name, key, memoryview(b""), metadata)
+                    return self._put_view(name, key, memoryview(b""), metadata, copies)
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                     view = memoryview(mapped)
                     try:
-                        return self._put_view(name, key, view, metadata)
+                        return self._put_view(name, key, view, metadata, copies)
                     finally:
                         view.release()
         return self._put_view(name, key, as_memoryview(source, writable=False, what="source"),
-                              metadata)
+                              metadata, copies)
 
     def _put_view(self, name: str, key: str, data: memoryview,
-                  metadata: dict[str, Any] | None) -> Manifest:
+                  metadata: dict[str, Any] | None, replicas: int) -> Manifest:
         data = data.cast("B")
         whole = xxhash.xxh3_128()
         spans = [(i, min(self.chunk_size, len(data) - i))
@@ -91,51 +115,118 @@ class FileStore:
             piece = data[start:start + length]
             whole.update(piece)
             digests.append(xxhash.xxh3_128_hexdigest(piece))
-        keys = [chunk_key(d) for d in digests]
-        held = self.client.batch_exists(keys) if keys else []
-        unique: dict[str, int] = {}                     # one put per distinct missing chunk
-        for i, ok in enumerate(held):
+        if replicas > 1:
+            servers = len(self.client.stats()["servers"])
+            if replicas > min(servers, MAX_SMALL_COPIES):
+                raise InvalidRequest(f"replicas={replicas} needs as many servers (and at most "
+                                     f"{MAX_SMALL_COPIES}); the cluster has {servers}")
+        placements = tuple(self._place(d, replicas) for d in digests) if replicas > 1 else ()
+        copies: list[tuple[str, str | None, int]] = [(chunk_key(d), None, i)
+                                                     for i, d in enumerate(digests)]
+        for i, attempts in enumerate(placements):
+            copies += [(replica_key(digests[i], r), replica_group(digests[i], r, a), i)
+                       for r, a in enumerate(attempts, start=1)]
+        held = self.client.batch_exists([k for k, _, _ in copies],
+                                        group=[g for _, g, _ in copies]) if copies else []
+        unique: dict[str, tuple[str | None, int]] = {}  # one put per distinct missing copy
+        for (k, group, i), ok in zip(copies, held):
             if not ok:
-                unique.setdefault(keys[i], i)
-        failed = self._put_chunks([(k, data[spans[i][0]:spans[i][0] + spans[i][1]])
-                                   for k, i in unique.items()])
+                unique.setdefault(k, (group, i))
+        failed = self._put_chunks([(k, group, data[spans[i][0]:spans[i][0] + spans[i][1]])
+                                   for k, (group, i) in unique.items()])
         if failed:
             raise FileNotStored(f"{name}: {len(failed)} of {len(unique)} new chunks could not "
                                 "be stored (servers full or down); the name was not changed")
         manifest = Manifest(name, len(data), whole.hexdigest(), self.chunk_size,
-                            tuple(digests), dict(metadata or {}))
+                            tuple(digests), dict(metadata or {}), replicas, placements)
         raw = manifest.to_bytes()
         digest = xxhash.xxh3_128_hexdigest(raw)
-        if not self.client.put(manifest_key(digest), raw, content_addressed=True) or \
-                not self.client.put(key, digest.encode()):
-            raise FileNotStored(f"{name}: its manifest or name could not be stored")
+        manifests = self._small_copies(manifest_key(digest), replicas)
+        stored = all(self.client.put(k, raw, group=g, content_addressed=True)
+                     for k, g in manifests)
+        names = self._small_copies(key, MAX_SMALL_COPIES)
+        if not stored or len(manifests) < replicas or \
+                not all(self.client.put(k, digest.encode(), group=g) for k, g in names[:replicas]):
+            raise FileNotStored(f"{name}: its manifest or name could not be stored "
+                                f"{replicas} times")
+        for k, g in names[replicas:]:        # copies of an earlier put with more replicas
+            self.client.delete(k, group=g)
         return manifest
 
-    def _put_chunks(self, items: Sequence[tuple[str, memoryview]]) -> list[str]:
+    def _small_copies(self, key: str, copies: int) -> list[tuple[str, str | None]]:
+        """(key, placement group) of up to ``copies`` copies of a small value (a name, a
+        manifest) on distinct servers: the key itself, then the first placement of each extra
+        copy whose owner differs from the earlier copies'. Every client finds the same ones
+        under the same map, so a reader needs no record of them; fewer when servers run out."""
+        out: list[tuple[str, str | None]] = [(key, None)]
+        owners = {self.client.owner(key)}
+        for copy in range(1, copies):
+            for attempt in range(PLACEMENT_ATTEMPTS):
+                extra, group = f"{key}/r{copy}", f"{key}/r{copy}/{attempt}"
+                owner = self.client.owner(extra, group=group)
+                if owner is not None and owner not in owners:
+                    owners.add(owner)
+                    out.append((extra, group))
+                    break
+            else:
+                break
+        return out
+
+    def _get_small(self, key: str) -> bytes | None:
+        """The first copy of a small value that answers (``_small_copies``)."""
+        for k, g in self._small_copies(key, MAX_SMALL_COPIES):
+            value = self.client.get(k, group=g)
+            if value is not None:
+                return value
+        return None
+
+    def _place(self, digest: str, replicas: int) -> tuple[int, ...]:
+        """The placement attempt of each extra copy of chunk ``digest``: the first whose owner
+        no earlier copy has."""
+        owners = {self.client.owner(chunk_key(digest))}
+        attempts = []
+        for copy in range(1, replicas):
+            for attempt in range(PLACEMENT_ATTEMPTS):
+                owner = self.client.owner(replica_key(digest, copy),
+                                          group=replica_group(digest, copy, attempt))
+                if owner is not None and owner not in owners:
+                    owners.add(owner)
+                    attempts.append(attempt)
+                    break
+            else:
+                raise FileNotStored(f"no server distinct from {sorted(map(str, owners))} found "
+                                    f"for copy {copy} of chunk {digest}")
+        return tuple(attempts)
+
+    def _put_chunks(self, items: Sequence[tuple[str, str | None, memoryview]]) -> list[str]:
         failed: list[str] = []
-        for batch in _batches(items, lambda item: len(item[1])):
-            keys = [k for k, _ in batch]
-            done = self.client.batch_put(keys, [v for _, v in batch], content_addressed=True)
+        for batch in _batches(items, lambda item: len(item[2])):
+            keys = [k for k, _, _ in batch]
+            done = self.client.batch_put(keys, [v for _, _, v in batch],
+                                         group=[g for _, g, _ in batch], content_addressed=True)
             failed += [k for k, ok in zip(keys, done) if not ok]
         return failed
 
     def delete(self, name: str) -> bool:
-        """Remove ``name`` (and its manifest); True when it existed."""
+        """Remove ``name`` (and its manifest), every copy; True when it existed."""
         key = name_key(name)
-        pointer = self.client.get(key)
+        pointer = self._get_small(key)
         if pointer is None:
             return False
-        self.client.delete(manifest_key(pointer.decode(errors="replace")))
-        return self.client.delete(key)
+        for k, g in self._small_copies(manifest_key(pointer.decode(errors="replace")),
+                                       MAX_SMALL_COPIES):
+            self.client.delete(k, group=g)
+        return [self.client.delete(k, group=g)
+                for k, g in self._small_copies(key, MAX_SMALL_COPIES)].count(True) > 0
 
     # ---- read -----------------------------------------------------------------------------------
 
     def stat(self, name: str) -> Manifest | None:
         """The manifest of ``name``'s current version; None when there is none (or it is gone)."""
-        pointer = self.client.get(name_key(name))
+        pointer = self._get_small(name_key(name))
         if pointer is None:
             return None
-        raw = self.client.get(manifest_key(pointer.decode(errors="replace")))
+        raw = self._get_small(manifest_key(pointer.decode(errors="replace")))
         if raw is None:
             return None
         manifest = Manifest.from_bytes(raw)
@@ -212,15 +303,28 @@ class FileStore:
         for i in indexes:
             start, length = manifest.chunk_span(i)
             items.append((i, out[start - base:start - base + length]))
+        for copy in range(manifest.replicas):   # each copy read only for what is still missing
+            items = self._read_copy(manifest, copy, items)
+            if not items:
+                return
+        raise MissingRanges(manifest, _merged([manifest.chunk_span(i) for i, _ in items]))
+
+    def _read_copy(self, manifest: Manifest, copy: int,
+                   items: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview]]:
+        """Read copy ``copy`` of the chunks ``items`` (index, destination); those not read."""
         missing = []
         for batch in _batches(items, lambda item: len(item[1])):
-            got = self.client.batch_get_into([chunk_key(manifest.chunks[i]) for i, _ in batch],
-                                             [view for _, view in batch])
+            if copy == 0:
+                keys, groups = [chunk_key(manifest.chunks[i]) for i, _ in batch], None
+            else:
+                keys = [replica_key(manifest.chunks[i], copy) for i, _ in batch]
+                groups = [replica_group(manifest.chunks[i], copy, manifest.placements[i][copy - 1])
+                          for i, _ in batch]
+            got = self.client.batch_get_into(keys, [view for _, view in batch], group=groups)
             for (i, view), n in zip(batch, got):
                 if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
-                    missing.append(manifest.chunk_span(i))
-        if missing:
-            raise MissingRanges(manifest, _merged(missing))
+                    missing.append((i, view))
+        return missing
 
 
 def _batches(items: Sequence[Any], size: Any) -> list[list[Any]]:

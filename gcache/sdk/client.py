@@ -215,6 +215,12 @@ class Client:
         self._stats.request("delete")
         return self._d.call(self._d.owner(raw, grp), lambda ch: protocol.delete(ch, raw)) is True
 
+    def owner(self, key: KeyLike, *, group: KeyLike | None = None) -> str | None:
+        """The server that ``key`` (placed by ``group``) goes to under the current map; None
+        when no server is known. Consistent hashing: the answer changes only with membership
+        (``gcache.files`` uses it to put a file's replicas on distinct servers)."""
+        return self._d.owner(validate_key(key), self._group(group))
+
     # ---- batches: one request per server, servers in parallel ----------------------------------
 
     def batch_put(self, keys: Sequence[KeyLike], values: Sequence[Any], *,

@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 
 from gcache.errors import InvalidRequest
 from gcache.files import FileStore, Manifest, MissingRanges
-from gcache.files.store import chunk_key
+from gcache.files.store import chunk_key, name_key, replica_group, replica_key
 from gcache.sdk import Client
 from tests.helpers import wait_until
 
@@ -142,6 +142,44 @@ def test_a_killed_server_is_reported_as_exactly_the_ranges_it_held(files, cluste
     assert bytes(out) == data[start:start + length]
 
 
+def test_with_two_replicas_a_file_reads_whole_after_any_one_server_is_killed(files, cluster):
+    data = np.random.default_rng(4).integers(0, 256, 12 * CHUNK + 5, np.uint8).tobytes()
+    manifest = files.put_file("replicated", data, replicas=2)
+    assert manifest.replicas == 2 and len(manifest.placements) == len(manifest.chunks)
+    for i, digest in enumerate(manifest.chunks):     # every chunk's copies on two servers
+        owners = {files.client.owner(chunk_key(digest)),
+                  files.client.owner(replica_key(digest, 1),
+                                     group=replica_group(digest, 1, manifest.placements[i][0]))}
+        assert len(owners) == 2 and None not in owners
+    for victim in range(3):
+        cluster.kill(victim)
+        out = bytearray(len(data))
+        assert files.get_file("replicated", out).digest == manifest.digest
+        assert bytes(out) == data
+        got = bytearray(CHUNK)
+        assert files.read_range("replicated", 3 * CHUNK - 7, CHUNK, got) == CHUNK
+        assert bytes(got) == data[3 * CHUNK - 7:4 * CHUNK - 7]
+        cluster.restart(victim)                  # its arena outlives it: its copies return
+        wait_until(lambda: all(files.client.server_stats().values()), timeout_s=10)
+    assert files.delete("replicated")
+    assert files.stat("replicated") is None       # no copy of the name is left behind
+
+
+def test_replicas_are_refused_beyond_the_servers(files):
+    with pytest.raises(InvalidRequest, match="replicas=4 needs as many servers"):
+        files.put_file("too-many", b"x" * 10, replicas=4)
+    with pytest.raises(InvalidRequest, match="replicas 0"):
+        files.put_file("none", b"x", replicas=0)
+
+
+def test_fewer_replicas_pushed_later_leave_no_stale_name(files, cluster):
+    files.put_file("shrinks", b"old bytes", replicas=3)
+    files.put_file("shrinks", b"new bytes", replicas=1)
+    holder = files.client.owner(name_key("shrinks"))
+    cluster.kill(cluster.addresses.index(holder))
+    assert files.stat("shrinks") is None          # not the old version from a stale copy
+
+
 def test_unknown_names_and_bad_arguments_are_refused_by_name(files, tmp_path):
     with pytest.raises(FileNotFoundError, match="no file 'nope'"):
         files.get_file("nope", tmp_path / "x")
@@ -174,7 +212,7 @@ def test_gcache_files_push_pull_rm(cluster, tmp_path):
                                servers, "--chunk-size", str(CHUNK), "--quiet"],
                               capture_output=True, text=True, timeout=120)
 
-    done = gcache("push", str(tmp_path / "model"), "--name", "tiny-model")
+    done = gcache("push", str(tmp_path / "model"), "--name", "tiny-model", "--replicas", "2")
     assert done.returncode == 0, done.stderr
     assert "pushed 3 files as tiny-model" in done.stdout and "GB/s" in done.stdout
     done = gcache("pull", "tiny-model", str(tmp_path / "pulled"))
@@ -182,6 +220,8 @@ def test_gcache_files_push_pull_rm(cluster, tmp_path):
     for path in pushed + [tmp_path / "model" / "sub" / "config.json"]:
         relative = path.relative_to(tmp_path / "model")
         assert (tmp_path / "pulled" / relative).read_bytes() == path.read_bytes()
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        assert FileStore(client).stat(f"tiny-model/{pushed[0].name}").replicas == 2
     assert gcache("rm", "tiny-model").returncode == 0
     done = gcache("pull", "tiny-model", str(tmp_path / "again"))
     assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr
