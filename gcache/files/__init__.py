@@ -5,6 +5,6 @@ It sits where ``gcache.kv`` does (ARCHITECTURE §2): over the SDK and the top-le
 """
 
 from gcache.files.manifest import Manifest, MissingRanges
-from gcache.files.store import DEFAULT_CHUNK_SIZE, FileStore
+from gcache.files.store import DEFAULT_CHUNK_SIZE, FileStore, host_cache_client
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "FileStore", "Manifest", "MissingRanges"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "FileStore", "Manifest", "MissingRanges", "host_cache_client"]

@@ -16,6 +16,9 @@ with other files and versions, so they stay until evicted like any value.
 manifest records where each extra copy was placed) and a read takes the first whole copy, so a
 file survives the loss of N-1 of its servers. KV stays single-copy.
 
+A host cache (``FileStore(host_cache=host_cache_client(client))``) keeps copies of the chunks
+this host read from other servers in its own server's shared memory, under ``file/h/<digest>``.
+
 What this module does not do yet (issue 24): pinning files against KV eviction, listing names
 under a prefix. Directories (a name per file plus an index) are
 ``gcache.files.directory``.
@@ -70,14 +73,26 @@ class FileNotStored(GCacheError):
     """A put could not store every chunk (servers full or down): the name was not changed."""
 
 
+def host_key(digest: str) -> str:
+    """A chunk's copy in this host's read cache (``FileStore(host_cache=)``)."""
+    return f"file/h/{digest}"
+
+
 class FileStore:
+    """``host_cache``: a ``Client`` of this host's own server only (``host_cache_client``):
+    chunks are read there first, and chunks read from other servers are copied there, so a
+    file read twice on one host crosses the network once. Chunks that server owns anyway are
+    not copied."""
+
     def __init__(self, client: Client, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 replicas: int = 1) -> None:
+                 replicas: int = 1, host_cache: Client | None = None) -> None:
         if chunk_size < 1:
             raise InvalidRequest(f"chunk_size {chunk_size} must be at least 1 byte")
         if replicas < 1:
             raise InvalidRequest(f"replicas {replicas} must be at least 1")
         self.client, self.chunk_size, self.replicas = client, chunk_size, replicas
+        self.host_cache = host_cache
+        self.host_server = host_cache.stats()["servers"][0] if host_cache is not None else None
 
     # ---- write ----------------------------------------------------------------------------------
 
@@ -303,11 +318,44 @@ class FileStore:
         for i in indexes:
             start, length = manifest.chunk_span(i)
             items.append((i, out[start - base:start - base + length]))
+        cacheable: list[tuple[int, memoryview]] = []
+        if self.host_cache is not None:
+            cacheable = [(i, v) for i, v in items
+                         if self.client.owner(chunk_key(manifest.chunks[i])) != self.host_server]
+            missed = self._read_host(manifest, cacheable)
+            hit = {i for i, _ in cacheable} - {i for i, _ in missed}
+            items = [(i, v) for i, v in items if i not in hit]
+            cacheable = missed
         for copy in range(manifest.replicas):   # each copy read only for what is still missing
             items = self._read_copy(manifest, copy, items)
             if not items:
-                return
-        raise MissingRanges(manifest, _merged([manifest.chunk_span(i) for i, _ in items]))
+                break
+        if cacheable:
+            lost = {i for i, _ in items}
+            self._fill_host(manifest, [(i, v) for i, v in cacheable if i not in lost])
+        if items:
+            raise MissingRanges(manifest, _merged([manifest.chunk_span(i) for i, _ in items]))
+
+    def _read_host(self, manifest: Manifest,
+                   items: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview]]:
+        """Chunks ``items`` from the host cache; those it did not have whole."""
+        assert self.host_cache is not None
+        missing = []
+        for batch in _batches(items, lambda item: len(item[1])):
+            got = self.host_cache.batch_get_into([host_key(manifest.chunks[i]) for i, _ in batch],
+                                                 [view for _, view in batch])
+            for (i, view), n in zip(batch, got):
+                if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
+                    missing.append((i, view))
+        return missing
+
+    def _fill_host(self, manifest: Manifest, items: list[tuple[int, memoryview]]) -> None:
+        """Copy chunks just read (and checked) into the host cache; best effort: a full or
+        absent host server only costs the next read the network."""
+        assert self.host_cache is not None
+        for batch in _batches(items, lambda item: len(item[1])):
+            self.host_cache.batch_put([host_key(manifest.chunks[i]) for i, _ in batch],
+                                      [view for _, view in batch], content_addressed=True)
 
     def _read_copy(self, manifest: Manifest, copy: int,
                    items: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview]]:
@@ -325,6 +373,17 @@ class FileStore:
                 if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
                     missing.append((i, view))
         return missing
+
+
+def host_cache_client(client: Client) -> Client | None:
+    """A ``Client`` of the first server ``client`` reaches over shared memory (this host's),
+    with the same token and timeout, for ``FileStore(host_cache=)``; None when there is none."""
+    client.server_stats()                 # a STAT each: every route is known after it
+    local = client.stats()["shm_servers"]
+    if not local:
+        return None
+    config = client.config
+    return Client([local[0]], token=config.token, transport="shm", timeout_s=config.timeout_s)
 
 
 def _batches(items: Sequence[Any], size: Any) -> list[list[Any]]:

@@ -10,7 +10,7 @@ import xxhash
 from safetensors.numpy import save_file
 
 from gcache.errors import InvalidRequest
-from gcache.files import FileStore, Manifest, MissingRanges
+from gcache.files import FileStore, Manifest, MissingRanges, host_cache_client
 from gcache.files.store import chunk_key, name_key, replica_group, replica_key
 from gcache.sdk import Client
 from tests.helpers import wait_until
@@ -178,6 +178,32 @@ def test_fewer_replicas_pushed_later_leave_no_stale_name(files, cluster):
     holder = files.client.owner(name_key("shrinks"))
     cluster.kill(cluster.addresses.index(holder))
     assert files.stat("shrinks") is None          # not the old version from a stale copy
+
+
+def test_a_file_read_twice_on_one_host_comes_the_second_time_from_its_own_server(files,
+                                                                                  cluster):
+    data = np.random.default_rng(6).integers(0, 256, 12 * CHUNK + 3, np.uint8).tobytes()
+    manifest = files.put_file("hot", data)
+    local = host_cache_client(files.client)
+    assert local is not None            # loopback servers are all on this host: the first
+    with local:
+        host = local.stats()["servers"][0]
+        cached = FileStore(files.client, chunk_size=CHUNK, host_cache=local)
+        foreign = [d for d in manifest.chunks if files.client.owner(chunk_key(d)) != host]
+        assert 0 < len(foreign) < len(manifest.chunks)
+        first = bytearray(len(data))
+        cached.get_file(manifest, first)
+        assert bytes(first) == data
+        hits = local.stats()["hits"]
+        for i, address in enumerate(cluster.addresses):   # only this host's server is left
+            if address != host:
+                cluster.kill(i)
+        again = bytearray(len(data))
+        cached.get_file(manifest, again)
+        assert bytes(again) == data
+        assert local.stats()["hits"] - hits == len(foreign)
+        with pytest.raises(MissingRanges):               # without the cache they are gone
+            files.get_file(manifest, bytearray(len(data)))
 
 
 def test_unknown_names_and_bad_arguments_are_refused_by_name(files, tmp_path):
