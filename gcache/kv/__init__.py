@@ -7,6 +7,7 @@ connectors' shared settings and the SDK's pinned host staging for copies to and 
 connectors use only the names below.
 """
 
+from gcache.errors import ConfigError
 from gcache.kv.connect import (
     KV_ONLY,
     LOADER_ONLY,
@@ -35,6 +36,7 @@ __all__ = [
     "KV_ONLY",
     "LOADER_ONLY",
     "SHIPPED_CONFIGS",
+    "ConfigError",
     "EngineAnnouncer",
     "EnginePages",
     "KVSink",

@@ -27,11 +27,18 @@ from typing import Any
 
 import torch
 
-from gcache.errors import ConfigError
-from gcache.files import FileStore, Manifest, MissingRanges
-from gcache.files.directory import DirectoryEntry, directory_file, directory_index
-from gcache.files.safetensors import TensorSpan, read_header, read_segments
-from gcache.kv import KV_ONLY, client_from_settings, count_setting, gcache_settings
+from gcache.files import (
+    DirectoryEntry,
+    FileStore,
+    Manifest,
+    MissingRanges,
+    TensorSpan,
+    directory_file,
+    directory_index,
+    read_header,
+    read_segments,
+)
+from gcache.kv import KV_ONLY, ConfigError, client_from_settings, count_setting, gcache_settings
 from gcache_vllm._compat import get_logger
 
 log = get_logger(__name__)

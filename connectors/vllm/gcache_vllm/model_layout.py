@@ -51,8 +51,7 @@ def _pushed_weights_fingerprint(vllm_config: Any, folder: str | None) -> str | N
         return None
     import xxhash
 
-    from gcache.files import FileStore
-    from gcache.files.directory import content_digest, directory_index
+    from gcache.files import FileStore, content_digest, directory_index
     from gcache.kv import client_from_settings
     from gcache_vllm.loader import loader_settings
     settings = loader_settings(load_config.model_loader_extra_config)
