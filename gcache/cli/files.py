@@ -59,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _push(store: Any, root: pathlib.Path, name: str, quiet: bool) -> int:
     from gcache.files.directory import push_directory
-    if not root.is_dir():
-        raise InvalidRequest(f"{root} is not a directory")
     progress = _Progress(sum(p.stat().st_size for p in root.rglob("*") if p.is_file()), quiet)
     entries = push_directory(store, root, name,
                              on_file=lambda entry: progress.add(entry.size, entry.path))

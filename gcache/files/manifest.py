@@ -27,7 +27,7 @@ class Manifest:
     chunk_size: int
     chunks: tuple[str, ...]            # xxh3-128 hex of each chunk, in order
     metadata: dict[str, Any] = field(default_factory=dict)
-    # Copies of each chunk on distinct servers (``gcache.files.replicas``): for replicas > 1,
+    # Copies of each chunk on distinct servers (``FileStore(replicas=)``): for replicas > 1,
     # per chunk the placement attempt of each extra copy, as the put found distinct owners.
     replicas: int = 1
     placements: tuple[tuple[int, ...], ...] = ()

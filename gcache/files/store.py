@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -156,10 +156,10 @@ class FileStore:
                             tuple(digests), dict(metadata or {}), replicas, placements)
         raw = manifest.to_bytes()
         digest = xxhash.xxh3_128_hexdigest(raw)
-        manifests = self._small_copies(manifest_key(digest), replicas)
+        manifests = list(self._small_copies(manifest_key(digest), replicas))
         stored = all(self.client.put(k, raw, group=g, content_addressed=True)
                      for k, g in manifests)
-        names = self._small_copies(key, MAX_SMALL_COPIES)
+        names = list(self._small_copies(key, MAX_SMALL_COPIES))
         if not stored or len(manifests) < replicas or \
                 not all(self.client.put(k, digest.encode(), group=g) for k, g in names[:replicas]):
             raise FileNotStored(f"{name}: its manifest or name could not be stored "
@@ -168,12 +168,13 @@ class FileStore:
             self.client.delete(k, group=g)
         return manifest
 
-    def _small_copies(self, key: str, copies: int) -> list[tuple[str, str | None]]:
+    def _small_copies(self, key: str, copies: int) -> Iterator[tuple[str, str | None]]:
         """(key, placement group) of up to ``copies`` copies of a small value (a name, a
         manifest) on distinct servers: the key itself, then the first placement of each extra
         copy whose owner differs from the earlier copies'. Every client finds the same ones
-        under the same map, so a reader needs no record of them; fewer when servers run out."""
-        out: list[tuple[str, str | None]] = [(key, None)]
+        under the same map, so a reader needs no record of them; fewer when servers run out.
+        Lazy: a reader whose first copy answers searches no placement."""
+        yield key, None
         owners = {self.client.owner(key)}
         for copy in range(1, copies):
             for attempt in range(PLACEMENT_ATTEMPTS):
@@ -181,11 +182,10 @@ class FileStore:
                 owner = self.client.owner(extra, group=group)
                 if owner is not None and owner not in owners:
                     owners.add(owner)
-                    out.append((extra, group))
+                    yield extra, group
                     break
             else:
-                break
-        return out
+                return
 
     def _get_small(self, key: str) -> bytes | None:
         """The first copy of a small value that answers (``_small_copies``)."""
