@@ -68,6 +68,8 @@ class ServerConfig:
 
     listen: str = "127.0.0.1:7700"          # HOST:PORT of the TCP data plane
     memory: int = 1 * GiB                   # bytes of the shared-memory hot tier
+    pin_share: float = 0.5                  # of the hot tier, the most pinned values (files)
+                                            # may hold against eviction; 0 refuses them
     segment_size: int = 16 * MiB            # bytes per arena segment (the eviction unit)
     shm_name: str = ""                      # arena file name; "" means gcache-<port>
     arena_dir: str = "/dev/shm"             # where the arena file lives: a tmpfs; one mounted
@@ -100,6 +102,11 @@ class ServerConfig:
                                             # (``gcache topology``)
     nic_deny: tuple[str, ...] = ()          # NICs that never carry data (a front-end NIC)
 
+    @property
+    def pin_budget(self) -> int:
+        """Bytes of the hot tier that spans holding pinned values may take."""
+        return int(self.memory * self.pin_share)
+
     def __post_init__(self) -> None:
         _check("listen", self.listen, _is_address(self.listen), "must be HOST:PORT")
         _check("disk_capacity", self.disk_capacity, self.disk_capacity >= 1 * MiB,
@@ -116,6 +123,8 @@ class ServerConfig:
                "must be at least 64KiB")
         _check("memory", self.memory, self.memory >= 2 * self.segment_size,
                f"must hold at least two segments of {format_size(self.segment_size)}")
+        _check("pin_share", self.pin_share, 0 <= self.pin_share <= 0.9,
+               "must be between 0 and 0.9 (KV keeps the rest of the hot tier)")
         _check("io_size", self.io_size, 4 * KiB <= self.io_size <= 64 * MiB,
                "must be between 4KiB and 64MiB")
         _check("max_value_size", self.max_value_size, self.max_value_size >= 1, "must be positive")

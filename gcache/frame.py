@@ -37,6 +37,10 @@ FLAG_IN_PLACE = 0x04
 # value was computed from), so no put can give it another value: a server that was out of the
 # map keeps it (``gcache.server.mutable_keys``).
 FLAG_CONTENT_ADDRESSED = 0x08
+# PUT / BATCH_PUT / ALLOC flag: a file's part (``gcache.files``): once committed the value stays
+# in memory, never evicted nor demoted by KV traffic, until it is deleted or put again, within
+# the server's pin budget (past it the put is NO_SPACE). LIST lists these keys.
+FLAG_PINNED = 0x10
 
 
 class Op(enum.IntEnum):
@@ -56,6 +60,8 @@ class Op(enum.IntEnum):
     HELLO = 14       # -> JSON server facts; on a Unix socket also the arena's descriptor
     BATCH_LEASE = 15 # count keys -> lease table (status, handle, offset, length, checksum)
     AUTH = 16        # payload HMAC-SHA256(token, nonce || AUTH_CONTEXT) -> as HELLO's reply
+    LIST = 17        # key prefix, payload the last key of the previous page, count the most
+                     # keys -> the pinned keys after it, in order (``encode_keys``), and count
 
 
 class Status(enum.IntEnum):
@@ -135,6 +141,7 @@ GET_ENTRY = struct.Struct("<BQQ")     # status, length, checksum (BATCH_GET repl
 PUT_ENTRY = struct.Struct("<HQQ")     # key_len, length, checksum (BATCH_PUT request table)
 LEASE_ENTRY = struct.Struct("<BQQQQ")  # status, handle, offset, length, checksum (BATCH_LEASE)
 HANDLE = struct.Struct("<Q")          # one handle in a batched RELEASE
+LIST_PAGE_MAX = 1024                  # keys one LIST reply carries at most (1 MiB at most)
 
 
 def encode_keys(keys: Sequence[bytes]) -> bytes:

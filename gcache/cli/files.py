@@ -1,5 +1,5 @@
-"""``gcache files push DIR --name NAME`` / ``pull NAME DEST`` / ``rm NAME``: directories (model
-weights) in GCache through ``gcache.files``.
+"""``gcache files push DIR --name NAME`` / ``pull NAME DEST`` / ``ls [PREFIX]`` / ``rm NAME``:
+directories (model weights) in GCache through ``gcache.files``.
 
 A pushed directory is its files, each stored as ``NAME/<relative path>``, and an index stored as
 ``NAME`` itself (a JSON list of the relative paths and sizes, with metadata ``kind:
@@ -20,7 +20,8 @@ from gcache.errors import InvalidRequest
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    files = sub.add_parser("files", help="directories (model weights) in GCache: push, pull, rm")
+    files = sub.add_parser("files",
+                           help="directories (model weights) in GCache: push, pull, ls, rm")
     verbs = files.add_subparsers(dest="verb", required=True)
     push = verbs.add_parser("push", help="store every file under DIR as NAME/<path>")
     push.add_argument("dir")
@@ -30,27 +31,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pull = verbs.add_parser("pull", help="write NAME's files under DEST")
     pull.add_argument("name")
     pull.add_argument("dest")
-    rm = verbs.add_parser("rm", help="forget NAME and its files (their chunks go by eviction)")
+    ls = verbs.add_parser("ls", help="the files stored under PREFIX: size, chunks, copies")
+    ls.add_argument("prefix", nargs="?", default="")
+    rm = verbs.add_parser("rm", help="delete NAME's files, and the chunks no other file shares")
     rm.add_argument("name")
-    for verb in (push, pull, rm):
+    for verb in (push, pull, ls, rm):
         add_target_flags(verb)
-        verb.add_argument("--chunk-size", type=int, default=16 << 20, help="bytes per chunk")
+        verb.add_argument("--chunk-size", type=int, default=None,
+                          help="bytes per chunk (default: one fills a 16 MiB arena segment)")
         verb.add_argument("--quiet", action="store_true", help="no progress")
         verb.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gcache.files import FileStore
+    from gcache.files import DEFAULT_CHUNK_SIZE, FileStore
     from gcache.files.directory import remove_directory
     from gcache.sdk import Client
     with Client(config=targets_of(args).config) as client:
-        store = FileStore(client, chunk_size=args.chunk_size,
+        store = FileStore(client, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE,
                           replicas=getattr(args, "replicas", 1))
         try:
             if args.verb == "push":
                 return _push(store, pathlib.Path(args.dir), args.name, args.quiet)
             if args.verb == "pull":
                 return _pull(store, args.name, pathlib.Path(args.dest), args.quiet)
+            if args.verb == "ls":
+                return _ls(store, args.prefix)
             print(f"removed {args.name} ({remove_directory(store, args.name)} files)")
             return 0
         except FileNotFoundError as exc:
@@ -76,6 +82,15 @@ def _pull(store: Any, name: str, dest: pathlib.Path, quiet: bool) -> int:
         manifest = store.get_file(directory_file(store, name, entry), target)
         progress.add(manifest.size, entry.path)
     progress.done(f"pulled {len(index)} files of {name} into {dest}")
+    return 0
+
+
+def _ls(store: Any, prefix: str) -> int:
+    manifests = store.manifests(prefix)
+    for m in manifests:
+        kind = m.metadata.get("kind", "file")
+        print(f"{m.size:>15}  {len(m.chunks):>6} chunks  x{m.replicas}  {kind:<9}  {m.name}")
+    print(f"{len(manifests)} files, {sum(m.size for m in manifests)} bytes")
     return 0
 
 

@@ -84,9 +84,8 @@ def content_digest(entries: list[DirectoryEntry], *, suffix: str = "") -> str:
 
 
 def remove_directory(store: FileStore, name: str) -> int:
-    """Forget ``name``'s files and index (their chunks go by eviction); the files removed."""
+    """Delete ``name``'s files and index (``FileStore.delete_many``: their chunks too, unless
+    another file names them); the files removed."""
     entries = directory_index(store, name)
-    for entry in entries:
-        store.delete(f"{name}/{entry.path}")
-    store.delete(name)
+    store.delete_many([f"{name}/{entry.path}" for entry in entries] + [name])
     return len(entries)

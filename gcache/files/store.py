@@ -9,8 +9,22 @@ A put writes the chunks the cluster does not hold yet, then the manifest, then t
 reader who resolves the name sees a version whose every chunk was stored. A reader resolves the
 name once and reads that version's chunks by digest, checking each against the manifest: it
 gets one version's bytes or ``MissingRanges`` naming the byte ranges whose chunks are gone,
-never a mix of two versions. ``delete`` removes the name and its manifest; chunks may be shared
-with other files and versions, so they stay until evicted like any value.
+never a mix of two versions.
+
+Every part of a file (chunk, manifest, name) is put pinned (``Client.put(pinned=True)``): its
+server keeps it in memory, never evicted by KV traffic, within the server's pin budget
+(``gcache-server --pin-share``, half the hot tier by default; past it a put is refused and
+``put_file`` raises ``FileNotStored``). So a file's memory comes back only by ``delete``, which
+removes the name, every version of it (a push of a new version leaves the old one readable by
+readers who resolved it), and the chunks no other file's manifest names. Servers list their
+pinned keys (``Client.list_pinned``), which is also how ``list`` finds the names under a prefix
+and ``delete`` finds the other manifests. A delete racing a push of other files sharing chunks
+with it may take a chunk the push found present and did not store again: that file's reads
+then raise ``MissingRanges`` for it (never wrong bytes) until it is pushed again.
+
+The default chunk, 16 MiB less 64 KiB, fits one 16 MiB arena segment (the server's default)
+with its record header and key: a chunk of a whole 16 MiB takes a span of two segments,
+half empty.
 
 ``replicas=N`` puts N copies of each chunk on N distinct servers (under the current map; the
 manifest records where each extra copy was placed) and a read takes the first whole copy, so a
@@ -19,9 +33,7 @@ file survives the loss of N-1 of its servers. KV stays single-copy.
 A host cache (``FileStore(host_cache=host_cache_client(client))``) keeps copies of the chunks
 this host read from other servers in its own server's shared memory, under ``file/h/<digest>``.
 
-What this module does not do yet (issue 24): pinning files against KV eviction, listing names
-under a prefix. Directories (a name per file plus an index) are
-``gcache.files.directory``.
+Directories (a name per file plus an index) are ``gcache.files.directory``.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from gcache.errors import GCacheError, InvalidRequest
 from gcache.files.manifest import Manifest, MissingRanges
 from gcache.sdk import Client
 
-DEFAULT_CHUNK_SIZE = 16 << 20
+DEFAULT_CHUNK_SIZE = (16 << 20) - (64 << 10)
 BATCH_BYTES = 64 << 20            # bytes one batch of chunk puts or gets moves at most
 PLACEMENT_ATTEMPTS = 256          # per extra copy; with n servers each try is new with p>=1/n
 MAX_SMALL_COPIES = 4              # copies of a name or manifest a reader looks for at most
@@ -60,13 +72,16 @@ def replica_group(digest: str, copy: int, attempt: int) -> str:
 
 
 def manifest_key(digest: str) -> str:
-    return f"file/m/{digest}"
+    return f"{MANIFEST_PREFIX}{digest}"
 
 
 def name_key(name: str) -> str:
     if not name:
         raise InvalidRequest("a file name is empty")
-    return "file/n/" + xxhash.xxh3_128_hexdigest(name.encode())
+    return NAME_PREFIX + xxhash.xxh3_128_hexdigest(name.encode())
+
+
+NAME_PREFIX, MANIFEST_PREFIX = "file/n/", "file/m/"
 
 
 class FileNotStored(GCacheError):
@@ -151,17 +166,19 @@ class FileStore:
                                    for k, (group, i) in unique.items()])
         if failed:
             raise FileNotStored(f"{name}: {len(failed)} of {len(unique)} new chunks could not "
-                                "be stored (servers full or down); the name was not changed")
+                                "be stored (servers down, full, or past their pin budget); "
+                                "the name was not changed")
         manifest = Manifest(name, len(data), whole.hexdigest(), self.chunk_size,
                             tuple(digests), dict(metadata or {}), replicas, placements)
         raw = manifest.to_bytes()
         digest = xxhash.xxh3_128_hexdigest(raw)
         manifests = list(self._small_copies(manifest_key(digest), replicas))
-        stored = all(self.client.put(k, raw, group=g, content_addressed=True)
+        stored = all(self.client.put(k, raw, group=g, content_addressed=True, pinned=True)
                      for k, g in manifests)
         names = list(self._small_copies(key, MAX_SMALL_COPIES))
         if not stored or len(manifests) < replicas or \
-                not all(self.client.put(k, digest.encode(), group=g) for k, g in names[:replicas]):
+                not all(self.client.put(k, digest.encode(), group=g, pinned=True)
+                        for k, g in names[:replicas]):
             raise FileNotStored(f"{name}: its manifest or name could not be stored "
                                 f"{replicas} times")
         for k, g in names[replicas:]:        # copies of an earlier put with more replicas
@@ -218,21 +235,44 @@ class FileStore:
         for batch in _batches(items, lambda item: len(item[2])):
             keys = [k for k, _, _ in batch]
             done = self.client.batch_put(keys, [v for _, _, v in batch],
-                                         group=[g for _, g, _ in batch], content_addressed=True)
+                                         group=[g for _, g, _ in batch], content_addressed=True,
+                                         pinned=True)
             failed += [k for k, ok in zip(keys, done) if not ok]
         return failed
 
     def delete(self, name: str) -> bool:
-        """Remove ``name`` (and its manifest), every copy; True when it existed."""
-        key = name_key(name)
-        pointer = self._get_small(key)
-        if pointer is None:
-            return False
-        for k, g in self._small_copies(manifest_key(pointer.decode(errors="replace")),
-                                       MAX_SMALL_COPIES):
-            self.client.delete(k, group=g)
-        return [self.client.delete(k, group=g)
-                for k, g in self._small_copies(key, MAX_SMALL_COPIES)].count(True) > 0
+        """Remove ``name``: its name, every version's manifest and the chunks no other file
+        names, every copy; True when it existed."""
+        return self.delete_many([name]) == 1
+
+    def delete_many(self, names: Sequence[str]) -> int:
+        """``delete`` for each of ``names`` with one look at the cluster's manifests; how
+        many existed. The names go first (readers stop finding them), then the chunks, then
+        the manifests: a delete cut short is finished by deleting the name again."""
+        doomed = set(names)
+        keys = [name_key(name) for name in doomed]
+        manifests = self._all_manifests()
+        kept = {chunk for m in manifests.values() if m.name not in doomed for chunk in m.chunks}
+        found = {m.name for m in manifests.values() if m.name in doomed}
+        for name, key in zip(doomed, keys, strict=True):
+            if [self.client.delete(k, group=g)
+                    for k, g in self._small_copies(key, MAX_SMALL_COPIES)].count(True):
+                found.add(name)
+        for digest, manifest in manifests.items():
+            if manifest.name not in doomed:
+                continue
+            for i, chunk in enumerate(manifest.chunks):
+                if chunk in kept:
+                    continue
+                kept.add(chunk)                   # once, though several versions name it
+                self.client.delete(chunk_key(chunk))
+                for copy, attempt in enumerate(manifest.placements[i] if manifest.placements
+                                               else (), start=1):
+                    self.client.delete(replica_key(chunk, copy),
+                                       group=replica_group(chunk, copy, attempt))
+            for k, g in self._small_copies(manifest_key(digest), MAX_SMALL_COPIES):
+                self.client.delete(k, group=g)
+        return len(found)
 
     # ---- read -----------------------------------------------------------------------------------
 
@@ -375,6 +415,44 @@ class FileStore:
         return missing
 
 
+    # ---- listing --------------------------------------------------------------------------------
+
+    def manifests(self, prefix: str = "") -> list[Manifest]:
+        """The current manifest of each name under ``prefix``, sorted by name."""
+        bases = sorted({_base(key, NAME_PREFIX) for key in self._listed(NAME_PREFIX)})
+        pointers = self._get_smalls([NAME_PREFIX + base for base in bases])
+        digests = {p.decode(errors="replace") for p in pointers if p is not None}
+        raws = self._get_smalls([manifest_key(d) for d in sorted(digests)])
+        current = {}
+        for raw in raws:
+            if raw is not None:
+                manifest = Manifest.from_bytes(raw)
+                if manifest.name.startswith(prefix):
+                    current[manifest.name] = manifest
+        return [current[name] for name in sorted(current)]
+
+    def _all_manifests(self) -> dict[str, Manifest]:
+        """Every manifest the servers hold (current and earlier versions), by digest."""
+        digests = sorted({_base(key, MANIFEST_PREFIX) for key in self._listed(MANIFEST_PREFIX)})
+        return {d: Manifest.from_bytes(raw)
+                for d, raw in zip(digests, self._get_smalls([manifest_key(d) for d in digests]),
+                                  strict=True) if raw is not None}
+
+    def _listed(self, prefix: str) -> list[str]:
+        return [key.decode(errors="replace") for key in self.client.list_pinned(prefix)]
+
+    def _get_smalls(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``_get_small`` of each of ``keys``: the first copies in one batch, the extra copies
+        only for those it missed."""
+        got = self.client.batch_get(list(keys)) if keys else []
+        return [value if value is not None else self._get_small(key)
+                for key, value in zip(keys, got, strict=True)]
+
+    def list(self, prefix: str = "") -> list[str]:
+        """The names of the files stored under ``prefix``, sorted (a directory's files and its
+        index alike); names whose every copy is on servers that do not answer are missing."""
+        return [m.name for m in self.manifests(prefix)]
+
 def host_cache_client(client: Client) -> Client | None:
     """A ``Client`` of the first server ``client`` reaches over shared memory (this host's),
     with the same token and timeout, for ``FileStore(host_cache=)``; None when there is none."""
@@ -384,6 +462,12 @@ def host_cache_client(client: Client) -> Client | None:
         return None
     config = client.config
     return Client([local[0]], token=config.token, transport="shm", timeout_s=config.timeout_s)
+
+
+def _base(key: str, prefix: str) -> str:
+    """The digest in a listed key of a name or manifest, or of one of its extra copies
+    (``<prefix><digest>/r<copy>``)."""
+    return key[len(prefix):].split("/", 1)[0]
 
 
 def _batches(items: Sequence[Any], size: Any) -> list[list[Any]]:

@@ -32,8 +32,8 @@ from typing import Any
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
-from gcache.frame import FLAG_CONTENT_ADDRESSED
-from gcache.keys import KeyLike, group_hash, validate_key
+from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX
+from gcache.keys import MAX_KEY_BYTES, KeyLike, group_hash, validate_key
 from gcache.master_client import MasterClient, parse_masters
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
@@ -145,22 +145,26 @@ class Client:
     # ---- single-key operations ----------------------------------------------------------------
 
     def put(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
-            content_addressed: bool = False) -> bool:
+            content_addressed: bool = False, pinned: bool = False) -> bool:
         """Store ``value`` under ``key``; False when it could not be stored (counted).
 
         ``content_addressed``: the key names this value (a hash of it, or of what it was
         computed from, as KV pages' keys are), so no put will ever give the key another
         value. A server that was out of the map keeps such keys when it returns; every
         other key it held is a miss from then on, since a newer put may have gone elsewhere.
+
+        ``pinned``: the server keeps the value in memory, never evicted by other traffic,
+        until it is deleted or put again (``gcache.files`` pins a file's parts); within the
+        server's pin budget (``--pin-share``), past which the put is refused (False).
         """
         return self._put(validate_key(key), self._value(value), self._group(group),
-                         _flags(content_addressed))
+                         _flags(content_addressed, pinned))
 
     def put_async(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
-                  content_addressed: bool = False) -> Future[bool]:
+                  content_addressed: bool = False, pinned: bool = False) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
         return self._d.submit(self._put, raw, view, self._group(group),
-                              _flags(content_addressed))
+                              _flags(content_addressed, pinned))
 
     def _put(self, key: bytes, value: Any, group: bytes | None, flags: int) -> bool:
         self._stats.request("put")
@@ -224,13 +228,14 @@ class Client:
     # ---- batches: one request per server, servers in parallel ----------------------------------
 
     def batch_put(self, keys: Sequence[KeyLike], values: Sequence[Any], *,
-                  group: BatchGroup = None, content_addressed: bool = False) -> list[bool]:
+                  group: BatchGroup = None, content_addressed: bool = False,
+                  pinned: bool = False) -> list[bool]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(values):
             raise InvalidRequest(f"batch_put got {len(raw)} keys and {len(values)} values")
         views = [self._value(v, f"values[{i}]") for i, v in enumerate(values)]
         return batch.batch_put(self._d, raw, views, self._groups(group, len(raw)),
-                               flags=_flags(content_addressed))
+                               flags=_flags(content_addressed, pinned))
 
     def batch_get(self, keys: Sequence[KeyLike], *, group: BatchGroup = None) -> list[bytes | None]:
         raw = [validate_key(k) for k in keys]
@@ -259,6 +264,30 @@ class Client:
 
         self._d.parallel([partial(work, a, idx) for a, idx in self._d.plan(raw, grp)])
         return results
+
+    def list_pinned(self, prefix: KeyLike = b"") -> list[bytes]:
+        """The pinned keys that start with ``prefix`` (a file store's parts), from every server
+        that answers, sorted and without repeats. A server that does not answer is left out
+        and counted (``stats()["errors"]``): its keys are missing from the list."""
+        raw = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
+        if len(raw) > MAX_KEY_BYTES:
+            raise InvalidRequest(f"prefix is {len(raw)} bytes; limit is {MAX_KEY_BYTES}")
+
+        def listed(address: str) -> list[bytes]:
+            keys: list[bytes] = []
+            while True:
+                self._stats.request("list")
+                after = keys[-1] if keys else b""
+                page = self._d.call(address, partial(protocol.list_pinned, prefix=raw,
+                                                         after=after))
+                if isinstance(page, Miss):
+                    return keys
+                keys += page
+                if len(page) < LIST_PAGE_MAX:
+                    return keys
+
+        pages = self._d.parallel([partial(listed, a) for a in self._d.addresses()])
+        return sorted({key for page in pages for key in page})
 
     # ---- NIXL ---------------------------------------------------------------------------------
 
@@ -307,8 +336,8 @@ class Client:
                 for a, f in futures.items()}
 
 
-def _flags(content_addressed: bool) -> int:
-    return FLAG_CONTENT_ADDRESSED if content_addressed else 0
+def _flags(content_addressed: bool, pinned: bool = False) -> int:
+    return (FLAG_CONTENT_ADDRESSED if content_addressed else 0) | (FLAG_PINNED if pinned else 0)
 
 
 def sum_tiers(stats: Iterable[dict[str, Any] | None]) -> dict[str, dict[str, int]]:

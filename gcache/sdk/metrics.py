@@ -20,7 +20,7 @@ MISS_REASONS = ("absent", "suspect", "unreachable", "timeout", "connection_lost"
 
 
 # Label children resolved once: ``labels()`` takes a lock and a dict lookup on every call.
-_REQUESTS = {op: REQUESTS.labels(op) for op in ("get", "put", "exists", "delete")}
+_REQUESTS = {op: REQUESTS.labels(op) for op in ("get", "put", "exists", "delete", "list")}
 _MISSES = {reason: MISSES.labels(reason) for reason in MISS_REASONS}
 _READ, _WRITTEN = BYTES.labels("read"), BYTES.labels("written")
 

@@ -26,15 +26,17 @@ from gcache.frame import (
     FLAG_CHECKSUM_TRAILS,
     GET_ENTRY,
     HEADER_SIZE,
+    LIST_PAGE_MAX,
     PUT_ENTRY,
     TRAILER,
     Header,
     Op,
     Status,
+    decode_keys,
     encode_keys,
     unpack_header,
 )
-from gcache.keys import checksum_stream
+from gcache.keys import MAX_KEY_BYTES, checksum_stream
 from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.transport.stream import StreamConnection
 
@@ -190,6 +192,19 @@ def delete(ch: Channel, key: bytes) -> bool:
     reply = ch.reply(ch.request(Op.DELETE, key=key))
     raise_for_status(reply, "DELETE")
     return reply.status == Status.OK
+
+
+def list_pinned(ch: Channel, prefix: bytes, after: bytes) -> list[bytes]:
+    """One page (``LIST_PAGE_MAX`` keys at most) of the server's pinned keys under ``prefix``
+    that sort after ``after``; a shorter page is the last."""
+    reply = ch.reply(ch.request(Op.LIST, key=prefix, payload=(after,), count=LIST_PAGE_MAX))
+    raise_for_status(reply, "LIST")
+    if reply.count > LIST_PAGE_MAX:
+        raise ProtocolError(f"LIST answered {reply.count} keys; at most {LIST_PAGE_MAX} asked")
+    keys = decode_keys(ch.payload(reply, limit=LIST_PAGE_MAX * (2 + MAX_KEY_BYTES)), reply.count)
+    if any(not k.startswith(prefix) or k <= after for k in keys) or keys != sorted(keys):
+        raise ProtocolError("LIST answered keys out of order or outside the prefix")
+    return keys
 
 
 def stat(ch: Channel) -> dict[str, Any]:

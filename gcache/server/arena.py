@@ -8,7 +8,9 @@ Invariants:
 - Space is made by evicting whole spans: the candidate window of consecutive segments whose
   newest member is oldest, skipping any window that touches a pinned span. For a one-segment
   allocation that is simply "a free segment, else the oldest unpinned one".
-- A pinned span (a lease or a write in flight) is never evicted or reused.
+- A pinned span (a lease or a write in flight) is never evicted or reused; nor is a span that
+  holds a current pinned value (``Segment.held``: a file's part, put with ``FLAG_PINNED``),
+  for as long as it does, within the tier's pin budget.
 
 The file lives in /dev/shm (or ``arena_dir``: a tmpfs mounted with huge pages, ``huge_pages``)
 and outlives the process, so a restarted server re-attaches to it
@@ -59,10 +61,11 @@ from gcache.server.huge_pages import advise_huge_pages
 log = logging.getLogger(__name__)
 ARENA_DIR = "/dev/shm"
 
-# magic, state, read (leased since written; outside the check, so marking it rewrites nothing),
-# key_len, length, checksum, seq, group (xxh3_64 of the placement group the key was put with; 0
-# for none: a draining server needs it to find each key's owner), header check
-# (``header_check``).
+# magic, state, read byte (``READ_BIT``: leased since written; ``PINNED_BIT``: put pinned;
+# outside the check, so marking it rewrites nothing, and a flipped bit there can only keep a
+# value in memory or let it go, never change what it reads as), key_len, length, checksum, seq,
+# group (xxh3_64 of the placement group the key was put with; 0 for none: a draining server
+# needs it to find each key's owner), header check (``header_check``).
 
 RECORD = struct.Struct("<IBBHQQQQQ")
 RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"GOBJ" no group)
@@ -73,6 +76,7 @@ STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 # value bytes stay, for readers holding a lease), so at most one record per key is COMMITTED and
 # a restart can never take an older version for the current one.
 STATE_SUPERSEDED = 4
+READ_BIT, PINNED_BIT = 0x01, 0x02
 _LENGTH = struct.Struct("<Q")        # a record's length (at 8) or sequence number (at 24)
 SEGMENT = struct.Struct("<IIQQQ")    # magic, span, claim record seq, age, check
 SEGMENT_MAGIC = 0x32475347           # b"GSG2" (b"GSEG" had one copy and no check)
@@ -163,6 +167,7 @@ class RecordFields(NamedTuple):     # a tuple: a frozen dataclass took 1.5 us to
     group: int
     state: int
     read: bool           # leased since it was written (``mark_read``)
+    pinned: bool         # put pinned: kept in memory (``Segment.held``)
 
 
 NEVER_WRITTEN = -(1 << 62)
@@ -174,6 +179,9 @@ class Segment:
     seq: int = -1                 # -1 free; otherwise the age of the span this segment heads
     fill: int = 0                 # bytes used (heads only)
     pins: int = 0                 # leases and writes in flight (heads only)
+    # pinned values (a file's parts) committed here and current (heads only): the span is
+    # never evicted nor demoted while any is, however old (``tier`` keeps the count)
+    held: int = 0
     span: int = 1                 # segments in this span (heads only)
     head: int = -1                # index of the span's head; -1 when free
     # the index's hashes of the keys committed here (heads only), so that evicting the span
@@ -313,8 +321,10 @@ class Arena:
         start = self._choose_window(span, spare_young=not (fresh and young_ok))
         if start is None:
             pinned = sum(s.head == s.index and s.pins > 0 for s in self.segments)
+            held = sum(s.head == s.index and s.held > 0 for s in self.segments)
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {self.segment_size} "
-                          f"bytes to evict ({pinned} of {len(self.segments)} spans pinned"
+                          f"bytes to evict ({pinned} of {len(self.segments)} spans pinned, "
+                          f"{held} holding pinned values"
                           f"{'' if fresh and young_ok else '; young ones spared'})")
         self._open = None            # a failed claim keeps the open segment's room for others
         for index in range(start, start + span):
@@ -322,6 +332,7 @@ class Arena:
                 self._evict_span(self.segments[self.segments[index].head])
         head = self.segments[start]
         head.seq, head.span, head.pins, head.clean = self._next_seq, span, 0, False
+        head.held = 0
         head.fill, head.fresh_mark = SEGMENT_HEADER_BYTES + n_bytes, NEVER_WRITTEN
         if fresh:
             self._mark_fresh(head, n_bytes)
@@ -346,6 +357,11 @@ class Arena:
         if fresh:
             self._mark_fresh(head, n_bytes)
         return head, offset
+
+    def fits_open(self, n_bytes: int) -> Segment | None:
+        """The open segment when ``n_bytes`` fit in it (``allocate`` would put them there)."""
+        head = self._open
+        return head if head is not None and head.fill + n_bytes <= self.segment_size else None
 
     def is_young(self, head: Segment) -> bool:
         """Whether a client wrote a value into this span within the last quarter arena of
@@ -409,8 +425,8 @@ class Arena:
                 if seg.head < 0:
                     continue
                 head = self.segments[seg.head]
-                if (head.pins > 0 and not ignore_pins) or (self.require_clean
-                                                           and not head.clean):
+                if ((head.pins > 0 and not ignore_pins) or head.held > 0
+                        or (self.require_clean and not head.clean)):
                     age = None
                     break
                 age, young = max(age, head.seq), young or self.is_young(head)
@@ -427,9 +443,11 @@ class Arena:
         return young_best if best is None and not spare_young else best
 
     def oldest_dirty(self) -> Segment | None:
-        """The oldest unpinned span head not yet clean; the open segment is sealed when it is
-        the only one left, so a demoter can always make progress."""
-        heads = [s for s in self.segments if s.head == s.index and not s.clean and s.pins == 0]
+        """The oldest unpinned span head not yet clean and holding no pinned value; the open
+        segment is sealed when it is the only one left, so a demoter can always make
+        progress."""
+        heads = [s for s in self.segments
+                 if s.head == s.index and not s.clean and s.pins == 0 and s.held == 0]
         sealed = [s for s in heads if s is not self._open]
         if not sealed and heads:
             self._open = None
@@ -437,7 +455,8 @@ class Arena:
         return min(sealed, key=lambda s: s.seq, default=None)
 
     def has_dirty_unpinned(self) -> bool:
-        return any(s.head == s.index and not s.clean and s.pins == 0 for s in self.segments)
+        return any(s.head == s.index and not s.clean and s.pins == 0 and s.held == 0
+                   for s in self.segments)
 
     def headroom_segments(self) -> int:
         """Segments that an allocation could take now without waiting: free ones and the
@@ -452,20 +471,21 @@ class Arena:
         self._on_evict(head)
         for index in range(head.index, head.index + head.span):
             seg = self.segments[index]
-            seg.head, seg.seq, seg.fill, seg.span, seg.pins = -1, -1, 0, 1, 0
+            seg.head, seg.seq, seg.fill, seg.span, seg.pins, seg.held = -1, -1, 0, 1, 0, 0
         head.hashes = array("Q")
 
     # ---- records ----------------------------------------------------------------------------
 
     def write_record_header(self, offset: int, *, state: int, key: bytes, length: int,
                             checksum: int, seq: int, group: int = 0,
-                            final_state: int | None = None) -> None:
+                            final_state: int | None = None, pinned: bool = False) -> None:
         """Write a record header and key. ``final_state`` is the state ``set_record_state``
-        will flip it to (the header check covers that one); default ``state``."""
+        will flip it to (the header check covers that one); default ``state``. ``pinned``:
+        the value is kept in memory against eviction (``PINNED_BIT``)."""
         check = header_check(self.secret, state if final_state is None else final_state, key,
                              length, checksum, seq, group)
-        RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, 0, len(key), length, checksum,
-                         seq, group, check)
+        RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, PINNED_BIT if pinned else 0,
+                         len(key), length, checksum, seq, group, check)
         self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
 
     def set_record_state(self, offset: int, state: int) -> None:
@@ -474,7 +494,10 @@ class Arena:
     def mark_read(self, offset: int) -> None:
         """Note in the record's spare byte (outside its header check) that it was leased: a
         record read since it was (re-)appended earns a second chance in memory."""
-        self.view[offset + 5] = 1
+        self.view[offset + 5] |= READ_BIT
+
+    def is_pinned(self, offset: int) -> bool:
+        return bool(self.view[offset + 5] & PINNED_BIT)
 
     def holds_key(self, offset: int, key: bytes) -> bool:
         """Whether the record at ``offset`` is ``key``'s."""
@@ -487,7 +510,8 @@ class Arena:
         _, state, read, key_len, length, checksum, seq, group, _ = \
             RECORD.unpack_from(self.view, offset)
         key = bytes(self.view[offset + RECORD.size:offset + RECORD.size + key_len])
-        return RecordFields(key, length, checksum, seq, group, state, bool(read))
+        return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT),
+                            bool(read & PINNED_BIT))
 
     def record_length(self, offset: int) -> int:
         length: int = _LENGTH.unpack_from(self.view, offset + 8)[0]

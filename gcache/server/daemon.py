@@ -273,7 +273,8 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
     if not config.disk_dir:
         return HotTier(name=shm_name, size_bytes=config.memory,
                        segment_size=config.segment_size, prefault=config.prefault,
-                       lease_ttl_s=config.lease_ttl_s, arena_dir=config.arena_dir)
+                       lease_ttl_s=config.lease_ttl_s, arena_dir=config.arena_dir,
+                       pin_budget_bytes=config.pin_budget)
     from gcache.server.cold_segments import check_disk_dir
     check_disk_dir(config.disk_dir)
     cold: ColdStore
@@ -286,7 +287,7 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
         cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity)
     hot = HotTier(name=shm_name, size_bytes=config.memory, segment_size=config.segment_size,
                   prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True,
-                  arena_dir=config.arena_dir)
+                  arena_dir=config.arena_dir, pin_budget_bytes=config.pin_budget)
     segments = config.memory // config.segment_size
     # Two reusable segments at least: one for writers, one for second-chance re-appends.
     return TieredStore(hot, cold, headroom_segments=min(segments, max(2, segments // 4)))

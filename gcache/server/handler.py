@@ -33,6 +33,7 @@ from gcache.frame import (
     FLAG_CONTENT_ADDRESSED,
     FLAG_IN_PLACE,
     FLAG_NO_REPLY,
+    FLAG_PINNED,
     GET_ENTRY,
     HANDLE,
     HEADER_SIZE,
@@ -44,6 +45,7 @@ from gcache.frame import (
     Status,
     auth_proof,
     decode_keys,
+    encode_keys,
     unpack_header,
 )
 from gcache.keys import MAX_KEY_BYTES
@@ -89,6 +91,7 @@ class ConnectionHandler:
             Op.RELEASE: self._release, Op.EXISTS: self._exists, Op.DELETE: self._delete,
             Op.STAT: self._stat, Op.BATCH_GET: self._batch_get, Op.BATCH_PUT: self._batch_put,
             Op.HELLO: self._hello_reply, Op.BATCH_LEASE: self._batch_lease, Op.AUTH: self._auth,
+            Op.LIST: self._list,
         }
 
     @property
@@ -186,7 +189,8 @@ class ConnectionHandler:
         self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED),
                              group=group)
         try:
-            handle, _, target = self.tier.alloc(key, length, expires=False, group=group)
+            handle, _, target = self.tier.alloc(key, length, expires=False, group=group,
+                                                pinned=bool(flags & FLAG_PINNED))
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
             self._drain(length + trailer)
@@ -265,7 +269,8 @@ class ConnectionHandler:
         self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED),
                              group=h.group)
         try:
-            handle, offset, target = self.tier.alloc(key, h.length, group=h.group)
+            handle, offset, target = self.tier.alloc(key, h.length, group=h.group,
+                                                     pinned=bool(h.flags & FLAG_PINNED))
         except NoSpace:
             self._reply(h, Status.NO_SPACE)
             return
@@ -369,6 +374,19 @@ class ConnectionHandler:
     def _delete(self, h: Header, key: bytes) -> None:
         self._reply(h, Status.OK if self.tier.delete(key) else Status.NOT_FOUND)
 
+    def _list(self, h: Header, key: bytes) -> None:
+        """A page of the pinned keys under the prefix ``key``: those a read would find (a
+        hidden one may be older than a put elsewhere, ``mutable_keys``)."""
+        after = bytes(self._recv_bytes(h.payload_len))
+        keys: list[bytes] = []
+        while len(keys) < h.count:          # a short page is the last: skip hidden ones here
+            page = self.tier.pinned_keys(key, after=after, limit=h.count - len(keys))
+            if not page:
+                break
+            keys += (k for k in page if not self.mutable.hidden(k))
+            after = page[-1]
+        self._reply(h, Status.OK, payload=(encode_keys(keys),), count=len(keys))
+
     def _stat(self, h: Header, key: bytes) -> None:
         stats = {"tier": self.tier.stats(), **self._stat_extra()}
         self._reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
@@ -446,7 +464,7 @@ class ConnectionHandler:
             self.mutable.written(key, content_addressed=content_addressed, group=h.group)
             items.append((key, values[pos:pos + length], expected))
             pos += length
-        stored = self.tier.put_many(items, group=h.group)
+        stored = self.tier.put_many(items, group=h.group, pinned=bool(h.flags & FLAG_PINNED))
         failed = [s for s in stored if s is not Stored.OK]
         if failed:
             log.warning("batch_put.refused peer=%s values=%d checksum_mismatch=%d no_space=%d",

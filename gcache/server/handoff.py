@@ -18,7 +18,15 @@ from collections.abc import Callable
 
 from gcache.config import ServerConfig
 from gcache.errors import GCacheError, NoSpace, Unavailable
-from gcache.frame import FLAG_CONTENT_ADDRESSED, HEADER_SIZE, Header, Op, Status, unpack_header
+from gcache.frame import (
+    FLAG_CONTENT_ADDRESSED,
+    FLAG_PINNED,
+    HEADER_SIZE,
+    Header,
+    Op,
+    Status,
+    unpack_header,
+)
 from gcache.master_client import MasterClient, backoff_s
 from gcache.placement import PlacedMap, Placement
 from gcache.server.mutable_keys import MutableKeys
@@ -90,8 +98,9 @@ class Handoff(threading.Thread):
         handle, entry, view = leased
         try:
             conn = self._conn(address)
-            # put as it was put here: a key put as mutable stays so on its new owner
+            # put as it was put here: a key put as mutable (or pinned) stays so on its new owner
             flags = 0 if self.mutable.is_mutable(key) else FLAG_CONTENT_ADDRESSED
+            flags |= FLAG_PINNED if entry.pinned else 0
             header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
                             payload_len=len(view), group=group, checksum=entry.checksum,
                             flags=flags)

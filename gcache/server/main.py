@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gcache-server", description="GCache data server")
     parser.add_argument("--listen", help="HOST:PORT of the TCP data plane")
     parser.add_argument("--memory", help="hot-tier size, e.g. 4GiB")
+    parser.add_argument("--pin-share", dest="pin_share",
+                        help="most of the hot tier pinned values (files) may hold against "
+                        "eviction, 0 to 0.9 (default 0.5)")
     parser.add_argument("--segment-size", dest="segment_size", help="arena segment size")
     parser.add_argument("--shm-name", dest="shm_name", help="arena file name in --arena-dir")
     parser.add_argument("--arena-dir", dest="arena_dir",

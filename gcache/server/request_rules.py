@@ -7,7 +7,16 @@ connection. Checks that need the server's state (unknown handles, space) are the
 
 from __future__ import annotations
 
-from gcache.frame import FLAG_CHECKSUM_TRAILS, FLAG_IN_PLACE, HANDLE, TRAILER, Header, Op, Status
+from gcache.frame import (
+    FLAG_CHECKSUM_TRAILS,
+    FLAG_IN_PLACE,
+    HANDLE,
+    LIST_PAGE_MAX,
+    TRAILER,
+    Header,
+    Op,
+    Status,
+)
 from gcache.keys import MAX_KEY_BYTES
 
 KEYED = frozenset({Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE})
@@ -41,6 +50,10 @@ def check_request(h: Header, *, max_value_size: int) -> None:
     if h.op == Op.AUTH and h.payload_len != AUTH_PROOF_BYTES:
         raise Refused(Status.BAD_REQUEST, f"AUTH carries {h.payload_len} bytes; the proof is "
                       f"{AUTH_PROOF_BYTES}")
+    if h.op == Op.LIST and (h.payload_len > MAX_KEY_BYTES or not 1 <= h.count <= LIST_PAGE_MAX):
+        raise Refused(Status.BAD_REQUEST, f"LIST of {h.count} keys after a {h.payload_len}-byte "
+                      f"key: needs 1..{LIST_PAGE_MAX} keys after one of at most "
+                      f"{MAX_KEY_BYTES} bytes")
     if h.op == Op.WRITE and h.flags & FLAG_IN_PLACE and h.payload_len:
         raise Refused(Status.BAD_REQUEST, "an in-place WRITE carries no payload")
     if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:

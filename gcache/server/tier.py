@@ -19,6 +19,13 @@ Eviction is the arena's (oldest unpinned span). With a cold tier the demoter emp
 first (``tiered``); without one, ``_evicted`` and ``_rescue`` give each value read since it was
 written a second chance, re-appended at the young end.
 
+A value put pinned (a file's part: ``FLAG_PINNED``) holds its span against eviction and demotion
+while it is current (``Segment.held``); the spans holding pinned values are bounded by
+``pin_budget_bytes``, past which a pinned put is NoSpace, so KV traffic always keeps the rest of
+the arena. The pin is the record header's ``PINNED_BIT``: a restart finds it again.
+``pinned_keys`` lists them (a file store's ``ls``). A held span is not moved: KV values that
+share it stay with it.
+
 The index is a ``RecordTable`` (key hash -> record offset, 16 bytes a slot); everything else
 about a value is read from its record's header when needed (``Entry``).
 """
@@ -40,6 +47,7 @@ from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.server.arena import (
     ARENA_DIR,
+    READ_BIT,
     RECORD,
     STATE_COMMITTED,
     STATE_PENDING,
@@ -104,6 +112,7 @@ class Entry:
     head: Segment      # span holding the record
     read: bool = False  # leased since it was (re-)appended: earns a second chance
     group: int = 0     # xxh3_64 of the placement group it was put with; 0 for none
+    pinned: bool = False  # put pinned: its span is held in memory while it is current
 
 
 @dataclass(slots=True)
@@ -139,7 +148,7 @@ class TierCounters:
 class HotTier:
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
                  lease_ttl_s: float, cold_backed: bool = False,
-                 arena_dir: str = ARENA_DIR) -> None:
+                 arena_dir: str = ARENA_DIR, pin_budget_bytes: int = 0) -> None:
         self._lock = threading.Lock()
         # Signalled whenever space may have become reusable; a demoter waits on it too.
         self.space = threading.Condition(self._lock)
@@ -156,6 +165,10 @@ class HotTier:
         self._rescued: deque[tuple[bytes, bytes, int, int]] = deque()
         self._pins: dict[int, Pin] = {}
         self._pins_starved = False      # a wait for a pin ran out; none unpinned since
+        # key -> record of the current pinned values; the spans they hold, in segments
+        self._pinned: dict[bytes, int] = {}
+        self._held_segments = 0
+        self.pin_budget_bytes = pin_budget_bytes
         self._handles = itertools.count(1)
         self.lease_ttl_s = lease_ttl_s
         self.counters = TierCounters()
@@ -168,6 +181,10 @@ class HotTier:
         self._value_bytes = found.value_bytes
         self.counters.recovered_objects = found.objects
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
+        for record in self._index.records():
+            if self.arena.is_pinned(record):
+                self._hold(self.arena.read_record(record).key, record,
+                           self.arena.segment_of(record))
         log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d",
                  found.objects, len(found.spans), found.dropped_corrupt,
                  found.dropped_headers, found.dropped_pending)
@@ -175,21 +192,26 @@ class HotTier:
     # ---- writes -----------------------------------------------------------------------------
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
-              wait_s: float = ALLOC_WAIT_S, group: int = 0) -> tuple[int, int, memoryview]:
+              wait_s: float = ALLOC_WAIT_S, group: int = 0,
+              pinned: bool = False) -> tuple[int, int, memoryview]:
         """Reserve space for ``key``; returns a write handle, the value's arena offset and its
         memory.
 
         ``expires=False`` is for a write the server itself drives to the end (a PUT frame): its
-        connection's IO timeout bounds it, not the TTL. Raises NoSpace (every candidate span
-        pinned).
+        connection's IO timeout bounds it, not the TTL. ``pinned``: once committed, the value
+        holds its span in memory (within the pin budget). Raises NoSpace (every candidate span
+        pinned, or the pin budget spent).
         """
         with self._lock:
-            head, record = self._allocate(record_size(len(key), length), wait_s)
+            size = record_size(len(key), length)
+            if pinned:
+                self._check_pin_budget(size)
+            head, record = self._allocate(size, wait_s)
             entry = Entry(key, record, value_offset(record, len(key)), length, 0, head,
-                          group=group)
+                          group=group, pinned=pinned)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=self.arena.next_record_seq(),
-                                           group=group)
+                                           group=group, pinned=pinned)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
             return handle, entry.value, self.arena.view[entry.value:entry.value + length]
@@ -268,9 +290,10 @@ class HotTier:
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
                                            seq=self.arena.next_record_seq(), group=entry.group,
-                                           final_state=STATE_COMMITTED)
+                                           final_state=STATE_COMMITTED, pinned=entry.pinned)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
-            self._point(entry.key, hash_, entry.record, entry.length, entry.head)
+            self._point(entry.key, hash_, entry.record, entry.length, entry.head,
+                        pinned=entry.pinned)
             if not if_absent:                     # a promotion is a copy, not a fresh write
                 self.arena.mark_committed(entry.head)
             self.counters.puts += 1
@@ -279,14 +302,14 @@ class HotTier:
         return True
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0) -> list[Stored]:
+                 group: int = 0, pinned: bool = False) -> list[Stored]:
         """Store small values the server holds whole already (a BATCH_PUT's payload): each
         (key, bytes, xxh3_64 the writer sent). Hashed before any lock is taken; then each
         goes into the arena with its header written once, straight as COMMITTED, after its
         bytes (a crash in between leaves a header that fails its check, never a visible
         record): a third of the per-key work of ALLOC, WRITE and COMMIT. The lock is let go
         every ``PUT_MANY_STRIDE`` values, so a large batch never holds up other readers for
-        long. Returns one ``Stored`` per value, in order."""
+        long. ``pinned`` as for ``alloc``. Returns one ``Stored`` per value, in order."""
         out = [Stored.OK if checksum(value) == expected else Stored.MISMATCH
                for _, value, expected in values]
         committed: list[bytes] = []
@@ -298,7 +321,7 @@ class HotTier:
                         self.counters.checksum_failures += 1
                         continue
                     key, value, expected = values[i]
-                    if not self._store_whole(key, value, expected, group, wait_s):
+                    if not self._store_whole(key, value, expected, group, wait_s, pinned):
                         out[i], wait_s = Stored.NO_SPACE, 0.0
                         continue
                     committed.append(key)
@@ -308,18 +331,24 @@ class HotTier:
         return out
 
     def _store_whole(self, key: bytes, value: memoryview, checksum_: int, group: int,
-                     wait_s: float) -> bool:
+                     wait_s: float, pinned: bool) -> bool:
         """One ``put_many`` value, under ``_lock``; False when there is no room."""
+        size = record_size(len(key), len(value))
         try:
-            head, record = self._allocate(record_size(len(key), len(value)), wait_s)
-        except NoSpace:
+            if pinned:
+                self._check_pin_budget(size)
+            head, record = self._allocate(size, wait_s)
+        except NoSpace as exc:
+            if pinned:
+                log.warning("put.refused pinned=1 bytes=%d reason=%s", len(value), exc)
             return False
-        self._write_committed(key, value, checksum_, group, head, record)
+        self._write_committed(key, value, checksum_, group, head, record, pinned=pinned)
         self.counters.puts += 1
         return True
 
     def _write_committed(self, key: bytes, value: bytes | memoryview, checksum_: int,
-                         group: int, head: Segment, record: int) -> None:
+                         group: int, head: Segment, record: int, *,
+                         pinned: bool = False) -> None:
         """A whole value into its allocated record, the header written once, straight as
         COMMITTED, after the bytes (a crash in between leaves a header that fails its check),
         and made ``key``'s (under ``_lock``)."""
@@ -327,8 +356,9 @@ class HotTier:
         self.arena.view[start:start + len(value)] = value
         self.arena.write_record_header(record, state=STATE_COMMITTED, key=key,
                                        length=len(value), checksum=checksum_,
-                                       seq=self.arena.next_record_seq(), group=group)
-        self._point(key, self._index.hash(key), record, len(value), head)
+                                       seq=self.arena.next_record_seq(), group=group,
+                                       pinned=pinned)
+        self._point(key, self._index.hash(key), record, len(value), head, pinned=pinned)
 
     def abort(self, handle: int) -> None:
         """Drop a pending write (its bytes stay unreachable until the span is evicted)."""
@@ -430,6 +460,7 @@ class HotTier:
             record = self._index.remove(key)
             if record < 0:
                 return False
+            self._unhold(key)
             self.counters.deletes += 1
             self._value_bytes -= self.arena.record_length(record)
             # on its own enough for a restart to skip it
@@ -465,7 +496,10 @@ class HotTier:
         with self._lock:
             out = {"objects": len(self._index), "bytes": self._value_bytes,
                    "capacity_bytes": self.arena.size_bytes, "used_bytes": self.arena.used_bytes,
-                   "segments": len(self.arena.segments), "pins": len(self._pins)}
+                   "segments": len(self.arena.segments), "pins": len(self._pins),
+                   "pinned_objects": len(self._pinned),
+                   "pinned_bytes": self._held_segments * self.arena.segment_size,
+                   "pin_budget_bytes": self.pin_budget_bytes}
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
             return out
 
@@ -493,7 +527,8 @@ class HotTier:
             self._pins_starved = False
             self.space.notify_all()
 
-    def _point(self, key: bytes, hash_: int, record: int, length: int, head: Segment) -> None:
+    def _point(self, key: bytes, hash_: int, record: int, length: int, head: Segment, *,
+               pinned: bool = False) -> None:
         """Make ``record`` (in the span ``head``) ``key``'s value, and mark the record it
         replaces (under ``_lock``). The index always points at live records: eviction removes
         a span's before the span is reused."""
@@ -501,8 +536,51 @@ class HotTier:
         if old >= 0:
             self._value_bytes -= self.arena.record_length(old)
             self.arena.set_record_state(old, STATE_SUPERSEDED)
+            self._unhold(key)
+        if pinned:
+            self._hold(key, record, head)
         self._value_bytes += length
         head.hashes.append(hash_)
+
+    # ---- pinned values ----------------------------------------------------------------------
+
+    def _check_pin_budget(self, n_bytes: int) -> None:
+        """Raise NoSpace when a pinned record of ``n_bytes`` could take the spans holding
+        pinned values past the budget (under ``_lock``). Counted in whole spans, the memory a
+        held span keeps from eviction: into the open segment, already held, it costs none."""
+        open_ = self.arena.fits_open(n_bytes)
+        if open_ is not None and open_.held:
+            return
+        span = self.arena.span_of(n_bytes)
+        if (self._held_segments + span) * self.arena.segment_size > self.pin_budget_bytes:
+            raise NoSpace(f"the pin budget of {self.pin_budget_bytes} bytes is spent: "
+                          f"{self._held_segments} segment(s) of {self.arena.segment_size} "
+                          f"bytes hold pinned values, and this one needs {span} more")
+
+    def _hold(self, key: bytes, record: int, head: Segment) -> None:
+        self._pinned[key] = record
+        head.held += 1
+        if head.held == 1:
+            self._held_segments += head.span
+
+    def _unhold(self, key: bytes) -> None:
+        """``key``'s pinned record (if it had one) is no longer current: its span may go."""
+        record = self._pinned.pop(key, None)
+        if record is None:
+            return
+        head = self.arena.segment_of(record)
+        head.held -= 1
+        if head.held == 0:
+            self._held_segments -= head.span
+            self.space.notify_all()
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        """The pinned keys starting with ``prefix`` and sorting after ``after``, in order, at
+        most ``limit`` (a page of a listing)."""
+        with self._lock:
+            found = [k for k in self._pinned if k.startswith(prefix) and k > after]
+        found.sort()
+        return found[:limit]
 
     def _entry_at(self, record: int) -> Entry:
         view = self.arena.view
@@ -510,7 +588,8 @@ class HotTier:
         start = record + RECORD.size
         return Entry(bytes(view[start:start + key_len]), record,
                      value_offset(record, key_len), length, checksum_,
-                     self.arena.segment_of(record), bool(read), group)
+                     self.arena.segment_of(record), bool(read & READ_BIT), group,
+                     self.arena.is_pinned(record))
 
     def _span_bytes(self, head: Segment) -> tuple[int, int]:
         start = head.index * self.arena.segment_size
@@ -627,7 +706,7 @@ class HotTier:
         out, view = [], self.arena.view
         for record in sorted(records):
             _, _, read, key_len, length, checksum_, _, group, _ = RECORD.unpack_from(view, record)
-            if read:
+            if read & READ_BIT:
                 start = record + RECORD.size
                 value = value_offset(record, key_len)
                 out.append((bytes(view[start:start + key_len]),
@@ -668,16 +747,16 @@ class HotTier:
             except NoSpace:
                 return False
             moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,
-                          entry.checksum, head, group=entry.group)
+                          entry.checksum, head, group=entry.group, pinned=entry.pinned)
             view = self.arena.view
             view[moved.value:moved.value + moved.length] = \
                 view[entry.value:entry.value + entry.length]
             self.arena.write_record_header(record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=entry.checksum,
                                            seq=self.arena.next_record_seq(), group=entry.group,
-                                           final_state=STATE_COMMITTED)
+                                           final_state=STATE_COMMITTED, pinned=entry.pinned)
             self.arena.set_record_state(record, STATE_COMMITTED)
-            self._point(entry.key, hash_, record, moved.length, head)
+            self._point(entry.key, hash_, record, moved.length, head, pinned=entry.pinned)
             self.counters.second_chances += 1
             return True
 

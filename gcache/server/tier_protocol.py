@@ -32,10 +32,12 @@ class Tier(Protocol):
     # ---- writes -----------------------------------------------------------------------------
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
-              group: int = 0) -> tuple[int, int, memoryview]:
+              group: int = 0, pinned: bool = False) -> tuple[int, int, memoryview]:
         """Reserve ``length`` bytes for ``key``: (write handle, the value's arena offset, its
-        memory). ``group`` is the placement-group hash (0: none), kept for a drain. Raises
-        NoSpace."""
+        memory). ``group`` is the placement-group hash (0: none), kept for a drain. ``pinned``:
+        once committed the value stays in memory, never evicted nor demoted, while it is
+        current (within the server's pin budget). Raises NoSpace (also: the budget is
+        spent)."""
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:
@@ -52,10 +54,10 @@ class Tier(Protocol):
         is dropped, never visible)."""
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0) -> list[Stored]:
+                 group: int = 0, pinned: bool = False) -> list[Stored]:
         """Store values received whole, each (key, bytes, xxh3_64 the writer sent), with
-        placement-group hash ``group``: one ``Stored`` per value, in order. A value whose
-        bytes do not hash to its checksum is never visible."""
+        placement-group hash ``group`` (``pinned`` as for ``alloc``): one ``Stored`` per
+        value, in order. A value whose bytes do not hash to its checksum is never visible."""
 
     def abort(self, handle: int) -> None:
         """Drop a pending write; an unknown handle is ignored."""
@@ -91,6 +93,10 @@ class Tier(Protocol):
 
     def keys_with_groups(self) -> list[tuple[bytes, int]]:
         """Every key held, with its placement-group hash (a snapshot, for a drain)."""
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        """The current pinned keys that start with ``prefix`` and sort after ``after``, in
+        order, at most ``limit``."""
 
     # ---- upkeep -----------------------------------------------------------------------------
 

@@ -59,8 +59,10 @@ class TieredStore:
     # Writes and leases live in memory only: these go to the hot tier unchanged.
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
-              wait_s: float = ALLOC_WAIT_S, group: int = 0) -> tuple[int, int, memoryview]:
-        return self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group)
+              wait_s: float = ALLOC_WAIT_S, group: int = 0,
+              pinned: bool = False) -> tuple[int, int, memoryview]:
+        return self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group,
+                              pinned=pinned)
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:
@@ -74,8 +76,12 @@ class TieredStore:
         return self.hot.commit(handle, expected, if_absent=if_absent, unless=unless)
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0) -> list[Stored]:
-        return self.hot.put_many(values, group=group)
+                 group: int = 0, pinned: bool = False) -> list[Stored]:
+        return self.hot.put_many(values, group=group, pinned=pinned)
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        """Pinned values never leave memory: the hot tier's list is the whole list."""
+        return self.hot.pinned_keys(prefix, after=after, limit=limit)
 
     def abort(self, handle: int) -> None:
         self.hot.abort(handle)

@@ -140,6 +140,8 @@ def test_a_stalled_client_does_not_block_others(server):
     ({"op": Op.GET, "key_len": 0}, Status.BAD_REQUEST),
     ({"op": Op.DELETE, "key_len": 1, "payload_len": 4}, Status.BAD_REQUEST),
     ({"op": Op.EXISTS, "count": 1, "payload_len": 5000}, Status.BAD_REQUEST),
+    ({"op": Op.LIST, "count": 0}, Status.BAD_REQUEST),
+    ({"op": Op.LIST, "count": 1, "payload_len": 1 << 30}, Status.BAD_REQUEST),
 ])
 def test_malformed_requests_are_refused(server, fields, status):
     address, client = server

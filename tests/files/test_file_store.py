@@ -248,6 +248,65 @@ def test_gcache_files_push_pull_rm(cluster, tmp_path):
         assert (tmp_path / "pulled" / relative).read_bytes() == path.read_bytes()
     with Client(cluster.addresses, timeout_s=5.0) as client:
         assert FileStore(client).stat(f"tiny-model/{pushed[0].name}").replicas == 2
+    done = gcache("ls", "tiny-model/")
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[-1] for line in done.stdout.splitlines()[:-1]]
+    assert listed == sorted(f"tiny-model/{p.relative_to(tmp_path / 'model').as_posix()}"
+                            for p in pushed + [tmp_path / "model" / "sub" / "config.json"])
+    assert done.stdout.splitlines()[-1].startswith("3 files, ")
+    assert "directory  tiny-model\n" in gcache("ls").stdout
     assert gcache("rm", "tiny-model").returncode == 0
     done = gcache("pull", "tiny-model", str(tmp_path / "again"))
     assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr
+    assert gcache("ls").stdout.strip() == "0 files, 0 bytes"
+    with Client(cluster.addresses, timeout_s=5.0) as client:
+        assert client.list_pinned("file/") == []          # chunks, manifests and names gone
+
+
+def pinned_parts(client):
+    return sum(s["tier"]["pinned_objects"] for s in client.server_stats().values())
+
+
+def test_kv_churn_that_fills_the_arena_does_not_evict_a_pinned_file(files, cluster):
+    """Each server's arena is 64 MiB (16 segments of 4 MiB); KV puts of twice the cluster's
+    memory turn every arena over, and the file's parts stay: they are put pinned."""
+    data = np.random.default_rng(7).integers(0, 256, 24 * CHUNK + 99, np.uint8).tobytes()
+    manifest = files.put_file("weights", data)
+    parts = pinned_parts(files.client)
+    assert parts >= len(manifest.chunks) + 2                   # chunks, manifest, name
+    value = b"k" * (1 << 20)
+    for batch in range(2 * 3 * 64 // 16):
+        keys = [f"kv/{batch}/{i}" for i in range(16)]
+        assert all(files.client.batch_put(keys, [value] * 16))
+    stats = files.client.server_stats().values()
+    assert all(s["tier"]["evicted_segments"] >= 16 for s in stats)   # every arena turned over
+    assert not any(files.client.batch_exists([f"kv/1/{i}" for i in range(16)]))
+    out = bytearray(len(data))
+    files.get_file("weights", out)
+    assert bytes(out) == data
+    assert pinned_parts(files.client) == parts
+    assert files.list() == ["weights"] and files.list("w") == ["weights"]
+    assert files.list("x") == [] and files.manifests()[0].digest == manifest.digest
+
+
+def test_delete_frees_the_chunks_no_other_file_names(files):
+    rng = np.random.default_rng(8)
+    shared = rng.integers(0, 256, 3 * CHUNK, np.uint8).tobytes()
+    own = rng.integers(0, 256, 2 * CHUNK, np.uint8).tobytes()
+    files.put_file("a", shared + own)
+    files.put_file("b", shared)
+    files.put_file("a", own + shared + b"v2")              # a second version of a
+    assert files.list() == ["a", "b"]
+    before = pinned_parts(files.client)
+    assert files.delete("a") is True
+    assert files.list() == ["b"] and files.stat("a") is None
+    out = bytearray(len(shared))
+    files.get_file("b", out)                                # b's chunks were kept
+    assert bytes(out) == shared
+    b = files.stat("b")
+    left = {k.decode() for k in files.client.list_pinned("file/")}
+    assert {f"file/c/{d}" for d in b.chunks} <= left
+    assert not any(k.startswith("file/c/") and k[7:] not in b.chunks for k in left)
+    assert len(left) == pinned_parts(files.client) < before
+    assert files.delete("a") is False and files.delete_many(["b", "nope"]) == 1
+    assert files.client.list_pinned("file/") == []

@@ -435,3 +435,38 @@ def test_a_value_outlives_a_quarter_arena_of_writes_when_everything_else_is_read
         assert tier.exists(b"fresh"), f"gone after {i + 1} puts"
     stats = tier.stats()
     assert stats["second_chances"] > 0 and stats["bytes"] == stats["objects"] * len(value)
+
+
+def test_pins_survive_a_restart_and_keep_holding_their_span():
+    """The pin is in the record header: a server restarted on its arena finds its pinned values
+    again, lists them, counts them against the budget and keeps them through churn."""
+    name = f"gcache-unit-{uuid.uuid4().hex[:8]}"
+
+    def open_tier() -> HotTier:
+        return HotTier(name=name, size_bytes=8 * SEG, segment_size=SEG, prefault=False,
+                       lease_ttl_s=60.0, pin_budget_bytes=2 * SEG)
+
+    first = open_tier()
+    try:
+        files = {f"file/c/{i}".encode(): bytes([i]) * (SEG // 3) for i in range(4)}
+        for key, value in files.items():
+            handle, _, target = first.alloc(key, len(value), pinned=True)
+            target[:] = value
+            target.release()
+            first.commit(handle, checksum(value))
+        put(first, b"plain", b"x" * 100)
+    finally:
+        first.close(unlink=False)
+    second = open_tier()
+    try:
+        assert second.pinned_keys(b"file/", limit=10) == sorted(files)
+        stats = second.stats()
+        assert (stats["pinned_objects"], stats["pinned_bytes"]) == (4, 2 * SEG)
+        with pytest.raises(NoSpace, match="pin budget"):
+            second.alloc(b"file/c/9", SEG // 2, pinned=True)
+        for i in range(8 * 4 * 3):
+            put(second, f"kv/{i}".encode(), b"v" * (SEG // 4))
+        assert {key: read(second, key) for key in files} == files
+        assert second.stats()["evicted_segments"] > 0
+    finally:
+        second.close(unlink=True)

@@ -17,6 +17,8 @@ LIMIT = 1 << 20
     Header(Op.EXISTS, count=2, payload_len=8),
     Header(Op.AUTH, payload_len=32),
     Header(Op.HELLO),
+    Header(Op.LIST, count=1),
+    Header(Op.LIST, key_len=7, payload_len=1024, count=1024),
 ])
 def test_well_formed_requests_pass(header):
     check_request(header, max_value_size=LIMIT)
@@ -32,6 +34,9 @@ def test_well_formed_requests_pass(header):
     (Header(Op.WRITE, payload_len=4, flags=FLAG_IN_PLACE), Status.BAD_REQUEST, "in-place"),
     (Header(Op.RELEASE, count=2, payload_len=15), Status.BAD_REQUEST, "needs 16"),
     (Header(Op.BATCH_LEASE, count=1, payload_len=2000), Status.BAD_REQUEST, "cannot take"),
+    (Header(Op.LIST, count=0), Status.BAD_REQUEST, "needs 1..1024 keys"),
+    (Header(Op.LIST, count=1025), Status.BAD_REQUEST, "needs 1..1024 keys"),
+    (Header(Op.LIST, count=1, payload_len=1025), Status.BAD_REQUEST, "at most 1024 bytes"),
 ])
 def test_malformed_requests_are_refused_naming_the_rule(header, status, message):
     with pytest.raises(Refused, match=message) as caught:

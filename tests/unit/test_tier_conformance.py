@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gcache.errors import ChecksumMismatch, InvalidRequest
+from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import checksum
 from gcache.server.cold_blobs import BlobColdStore
 from gcache.server.cold_segments import SegmentColdStore
@@ -23,12 +23,14 @@ from gcache.server.tiered import TieredStore
 SEG = 64 * 1024
 TTL_S = 60.0
 DISK_BYTES = 16 << 20
+PIN_BUDGET = 4 * SEG
 
 # What STAT's ``tier`` and the server's /metrics read: the hot tier's, whatever is behind it.
 STAT_KEYS = {"objects", "bytes", "capacity_bytes", "used_bytes", "segments", "pins", "hits",
              "misses", "puts", "deletes", "checksum_failures", "evicted_objects",
              "evicted_segments", "expired_pins", "recovered_objects", "demoted_objects",
-             "promoted_objects", "second_chances", "whole_hashes"}
+             "promoted_objects", "second_chances", "whole_hashes", "pinned_objects",
+             "pinned_bytes", "pin_budget_bytes"}
 PER_TIER_KEYS = {
     "hot": {"bytes", "objects", "hits", "demoted_objects", "promoted_objects", "second_chances",
             "evicted_objects", "checksum_failures"},
@@ -39,7 +41,7 @@ PER_TIER_KEYS = {
 
 def _hot(name: str, *, cold_backed: bool) -> HotTier:
     return HotTier(name=name, size_bytes=8 * SEG, segment_size=SEG, prefault=False,
-                   lease_ttl_s=TTL_S, cold_backed=cold_backed)
+                   lease_ttl_s=TTL_S, cold_backed=cold_backed, pin_budget_bytes=PIN_BUDGET)
 
 
 # Each factory is annotated ``-> Tier``: mypy checks the implementation conforms.
@@ -282,3 +284,60 @@ def test_read_many_copies_small_values_and_leaves_the_rest_to_leases(tier, kind)
     expected_left = list(range(5, 10)) + ([10] if kind != "hot" else [])
     assert left == expected_left                    # a cold tier may hold the absent key
     assert tier.stats()["pins"] == 0
+
+
+def put_pinned(tier: Tier, key: bytes, value: bytes) -> None:
+    handle, _, target = tier.alloc(key, len(value), pinned=True)
+    target[:] = value
+    target.release()
+    assert tier.commit(handle, checksum(value))
+
+
+def churn(tier: Tier, arenas: int) -> None:
+    """KV values (unpinned, never read) through the arena ``arenas`` times over."""
+    value = b"v" * (SEG // 4)
+    for i in range(arenas * 8 * 4):
+        put(tier, f"kv/{i}".encode(), value)
+
+
+def test_pinned_values_stay_in_memory_through_kv_churn(tier):
+    pinned = {b"file/c/a": b"a" * (SEG // 2), b"file/c/b": b"b" * (SEG // 3),
+              b"file/m/x": b"a manifest"}
+    put_pinned(tier, b"file/c/a", pinned[b"file/c/a"])
+    put(tier, b"kv/early", b"e" * 1000)
+    put_pinned(tier, b"file/c/b", pinned[b"file/c/b"])
+    value = pinned[b"file/m/x"]
+    assert tier.put_many([(b"file/m/x", memoryview(value), checksum(value))],
+                         pinned=True) == [Stored.OK]
+    churn(tier, 3)
+    copies, left = tier.read_many(list(pinned), budget_bytes=PIN_BUDGET)
+    assert [c.value if c else None for c in copies] == list(pinned.values())   # all in memory
+    # a KV value of the first turn, in a span of its own: gone from memory (one that shares
+    # the pinned values' span, such as kv/early, stays with it)
+    assert tier.read_many([b"kv/10"], budget_bytes=SEG)[0] == [None]
+    stats = tier.stats()
+    assert stats["evicted_segments"] + stats["demoted_objects"] > 0
+    assert stats["pinned_objects"] == 3 and 0 < stats["pinned_bytes"] <= PIN_BUDGET
+    assert tier.pinned_keys(b"file/", limit=10) == sorted(pinned)
+    assert tier.pinned_keys(b"file/c/", after=b"file/c/a", limit=10) == [b"file/c/b"]
+    assert tier.pinned_keys(b"kv/", limit=10) == []
+
+
+def test_a_pinned_put_past_the_budget_is_refused_and_a_delete_gives_its_room_back(tier):
+    big = b"p" * (SEG - 1024)                     # one segment each
+    for i in range(4):
+        put_pinned(tier, f"file/c/{i}".encode(), big)
+    with pytest.raises(NoSpace, match="pin budget"):
+        tier.alloc(b"file/c/4", len(big), pinned=True)
+    items = [(b"file/c/4", memoryview(big), checksum(big))]
+    assert tier.put_many(items, pinned=True) == [Stored.NO_SPACE]
+    put(tier, b"kv/plain", big)                   # unpinned values still go in
+    assert read(tier, b"kv/plain") == big
+    assert tier.delete(b"file/c/0")
+    assert tier.put_many(items, pinned=True) == [Stored.OK]
+    put(tier, b"file/c/1", b"put again, unpinned")  # the pin goes with the value it was on
+    stats = tier.stats()
+    assert (stats["pinned_objects"], stats["pinned_bytes"]) == (3, 3 * SEG)
+    assert tier.pinned_keys(b"", limit=10) == [b"file/c/2", b"file/c/3", b"file/c/4"]
+    churn(tier, 2)
+    assert all(read(tier, f"file/c/{i}".encode()) == big for i in (2, 3, 4))
