@@ -13,6 +13,7 @@ from gcache.kv.connect import (
     LOADER_ONLY,
     client_from_settings,
     count_setting,
+    flag_setting,
     gcache_settings,
 )
 from gcache.kv.engine_announce import EngineAnnouncer, announcer_from_settings
@@ -59,6 +60,7 @@ __all__ = [
     "announcer_from_settings",
     "client_from_settings",
     "count_setting",
+    "flag_setting",
     "gcache_settings",
     "head_groups",
     "head_pages",

@@ -52,10 +52,13 @@ SETTINGS = {
             "pushed under (gcache files push DIR --name NAME)",
     "prefetch_mb": "vLLM model loader: MiB of weights read ahead while earlier tensors are "
                    "copied into the model (default 256)",
+    "host_cache": "vLLM model loader: true to read chunks from this host's own server first "
+                  "and copy there those read from others, so the next engine on this host "
+                  "loads from shared memory (default false; gcache.files host cache)",
 }
 # Settings only the model loader reads, and those only the KV connectors read: each refuses the
 # other's by name.
-LOADER_ONLY = ("name", "prefetch_mb")
+LOADER_ONLY = ("name", "prefetch_mb", "host_cache")
 KV_ONLY = ("namespace", "group_head_tokens", "async_load_tokens", "pinned_mb",
            "switch_interval_us", "recompute_tokens_per_s", "policy", "engine_url",
            "engine_bucket")
@@ -127,6 +130,17 @@ def count_setting(settings: Mapping[str, Any], name: str, default: int, *,
     value = settings.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(PREFIX + name, value, f"must be a whole number, {minimum} or more")
+    return value
+
+
+def flag_setting(settings: Mapping[str, Any], name: str, default: bool) -> bool:
+    """The true-or-false ``name`` (a JSON boolean, or "true" / "false"), or ``default``;
+    anything else raises ``ConfigError`` naming the key."""
+    value = settings.get(name, default)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise ConfigError(PREFIX + name, value, "must be true or false")
     return value
 
 

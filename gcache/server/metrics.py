@@ -44,7 +44,10 @@ _COUNTERS = {"hits": "gcache_server_hits_total", "misses": "gcache_server_misses
              "expired_pins": "gcache_server_expired_pins_total"}
 _GAUGES = {"objects": "gcache_server_objects", "bytes": "gcache_server_value_bytes",
            "capacity_bytes": "gcache_server_capacity_bytes",
-           "used_bytes": "gcache_server_used_bytes", "pins": "gcache_server_pins"}
+           "used_bytes": "gcache_server_used_bytes", "pins": "gcache_server_pins",
+           "pinned_objects": "gcache_server_pinned_objects",
+           "pinned_bytes": "gcache_server_pinned_bytes",
+           "pin_budget_bytes": "gcache_server_pin_budget_bytes"}
 
 
 class TierCollector(Collector):

@@ -310,7 +310,7 @@ def test_pinned_values_stay_in_memory_through_kv_churn(tier):
     assert tier.put_many([(b"file/m/x", memoryview(value), checksum(value))],
                          pinned=True) == [Stored.OK]
     churn(tier, 3)
-    copies, left = tier.read_many(list(pinned), budget_bytes=PIN_BUDGET)
+    copies, _ = tier.read_many(list(pinned), budget_bytes=PIN_BUDGET)
     assert [c.value if c else None for c in copies] == list(pinned.values())   # all in memory
     # a KV value of the first turn, in a span of its own: gone from memory (one that shares
     # the pinned values' span, such as kv/early, stays with it)

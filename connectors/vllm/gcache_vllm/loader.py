@@ -13,12 +13,16 @@ chunks by one reader thread, ``gcache_prefetch_mb`` ahead of the tensors being c
 model; each tensor is a view of its segment (one that straddles two segments is copied once).
 A shard GCache does not have whole (never pushed, evicted, a server lost) is read from the
 local directory instead, and the log says which and why; a directory pushed again while it
-loads is an error, never a mix of two versions.
+loads is an error, never a mix of two versions. With ``"gcache_host_cache": true`` chunks are
+read from this host's own server first and those read from other hosts are copied there
+(``gcache.files`` host cache), so the next engine started on this host loads over shared
+memory.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 from collections import deque
@@ -35,10 +39,19 @@ from gcache.files import (
     TensorSpan,
     directory_file,
     directory_index,
+    host_cache_client,
     read_header,
     read_segments,
 )
-from gcache.kv import KV_ONLY, ConfigError, client_from_settings, count_setting, gcache_settings
+from gcache.kv import (
+    KV_ONLY,
+    ConfigError,
+    client_from_settings,
+    count_setting,
+    flag_setting,
+    gcache_settings,
+)
+from gcache.sdk import Client
 from gcache_vllm._compat import get_logger
 
 log = get_logger(__name__)
@@ -69,9 +82,9 @@ def register() -> None:
                 directory_index(FileStore(client), self.settings["name"])
 
         def load_weights(self, model: Any, model_config: Any) -> None:
-            with client_from_settings(self.settings) as client:
-                weights = GCacheWeights(FileStore(client), self.settings["name"],
-                                        model_config.model,
+            with client_from_settings(self.settings) as client, \
+                    file_store(self.settings, client) as store:
+                weights = GCacheWeights(store, self.settings["name"], model_config.model,
                                         prefetch_bytes=self.settings["prefetch_mb"] << 20)
                 loaded = model.load_weights(iter(weights))
             log.info("GCache loader: %s", weights.summary())
@@ -97,7 +110,23 @@ def loader_settings(extra: Any) -> dict[str, Any]:
         raise ConfigError("gcache_name", name, "set it to the name the model's directory was "
                           "pushed under (gcache files push DIR --name NAME)")
     settings["prefetch_mb"] = count_setting(settings, "prefetch_mb", 256, minimum=1)
+    settings["host_cache"] = flag_setting(settings, "host_cache", False)
     return settings
+
+
+@contextlib.contextmanager
+def file_store(settings: dict[str, Any], client: Client) -> Iterator[FileStore]:
+    """The loader's ``FileStore`` over ``client``: with ``host_cache``, through this host's own
+    server (none reachable over shared memory: without, and the log says so)."""
+    local = host_cache_client(client) if settings["host_cache"] else None
+    if settings["host_cache"] and local is None:
+        log.warning("GCache loader: no server on this host answers over shared memory; "
+                    "reading without a host cache")
+    try:
+        yield FileStore(client, host_cache=local)
+    finally:
+        if local is not None:
+            local.close()
 
 
 class GCacheWeights:

@@ -18,9 +18,9 @@ from gcache.cli.local_cluster import LocalCluster
 from gcache.errors import ConfigError
 from gcache.files import FileStore
 from gcache.files.directory import DirectoryChanged, push_directory
-from gcache.files.store import chunk_key
+from gcache.files.store import chunk_key, host_key
 from gcache.sdk import Client
-from gcache_vllm.loader import GCacheWeights, loader_settings, register
+from gcache_vllm.loader import GCacheWeights, file_store, loader_settings, register
 
 CHUNK = 32 << 10
 NAME = "models/tiny"
@@ -134,6 +134,25 @@ def test_nothing_in_gcache_loads_every_shard_from_disk(store, model_dir):
     assert len(weights.from_disk) == 2 and weights.from_gcache == []
 
 
+def test_with_the_host_cache_a_second_load_finds_the_foreign_chunks_on_this_host(store,
+                                                                                 model_dir):
+    name = NAME + "-host"
+    push_directory(store, model_dir, name)
+    with file_store({"host_cache": True}, store.client) as cached:
+        assert cached.host_cache is not None
+        host = cached.host_server
+        got, weights = read(cached, model_dir, name)
+        assert_same(got, expected(model_dir))
+        digests = {d for path in weights.from_gcache
+                   for d in cached.stat(f"{name}/{path}").chunks}
+        foreign = [d for d in digests if store.client.owner(chunk_key(d)) != host]
+        assert foreign and all(cached.host_cache.batch_exists([host_key(d) for d in foreign]))
+        hits = cached.host_cache.stats()["hits"]
+        got, _ = read(cached, model_dir, name)
+        assert_same(got, expected(model_dir))
+        assert cached.host_cache.stats()["hits"] - hits >= len(foreign)
+
+
 def test_settings_are_checked_by_name():
     assert loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m"})[
         "prefetch_mb"] == 256
@@ -148,6 +167,13 @@ def test_settings_are_checked_by_name():
     with pytest.raises(ConfigError, match="gcache_prefetch_mb"):
         loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m",
                          "gcache_prefetch_mb": 0})
+    assert loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m"})[
+        "host_cache"] is False
+    assert loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m",
+                            "gcache_host_cache": "true"})["host_cache"] is True
+    with pytest.raises(ConfigError, match="gcache_host_cache"):
+        loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m",
+                         "gcache_host_cache": 1})
 
 
 def test_the_plugin_registers_the_load_format():
