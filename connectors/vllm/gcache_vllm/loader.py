@@ -85,7 +85,8 @@ def register() -> None:
             with client_from_settings(self.settings) as client, \
                     file_store(self.settings, client) as store:
                 weights = GCacheWeights(store, self.settings["name"], model_config.model,
-                                        prefetch_bytes=self.settings["prefetch_mb"] << 20)
+                                        prefetch_bytes=self.settings["prefetch_mb"] << 20,
+                                        pin_memory=_on_gpu(model))
                 loaded = model.load_weights(iter(weights))
             log.info("GCache loader: %s", weights.summary())
             if loaded is not None and model_config.quantization is None:
@@ -134,9 +135,14 @@ class GCacheWeights:
     order, falling back to ``local_dir`` shard by shard."""
 
     def __init__(self, store: FileStore, name: str, local_dir: str, *,
-                 prefetch_bytes: int = 256 << 20, segment_bytes: int = SEGMENT_BYTES) -> None:
+                 prefetch_bytes: int = 256 << 20, segment_bytes: int = SEGMENT_BYTES,
+                 pin_memory: bool = False) -> None:
+        """``pin_memory``: read into page-locked host memory, for a model on a GPU: its
+        parameters' copies then go by DMA, not through a staging copy of CUDA's (PyTorch's
+        host allocator caches the blocks, so each segment does not pay the page locking)."""
         self.store, self.name, self.local_dir = store, name, local_dir
         self.prefetch_bytes, self.segment_bytes = prefetch_bytes, segment_bytes
+        self.pin_memory = pin_memory
         self.from_gcache: list[str] = []
         self.from_disk: list[str] = []
         self.bytes_read = 0
@@ -221,7 +227,8 @@ class GCacheWeights:
                         tensor = _tensor(segment[span.start - start:span.end - start], span)
                     else:                  # straddles segments: gathered into its own bytes
                         if straddler is None:
-                            straddler = torch.empty(span.end - span.start, dtype=torch.uint8)
+                            straddler = torch.empty(span.end - span.start, dtype=torch.uint8,
+                                                    pin_memory=self.pin_memory)
                         lo, hi = max(span.start, start), min(span.end, end)
                         straddler[lo - span.start:hi - span.start] = segment[lo - start:hi - start]
                         if span.end > end:
@@ -235,7 +242,7 @@ class GCacheWeights:
                 future.cancel()
 
     def _read(self, manifest: Manifest, start: int, end: int) -> torch.Tensor:
-        segment = torch.empty(end - start, dtype=torch.uint8)
+        segment = torch.empty(end - start, dtype=torch.uint8, pin_memory=self.pin_memory)
         self.store.read_range(manifest, start, end - start, segment.numpy())
         self.bytes_read += end - start
         return segment
@@ -251,6 +258,12 @@ class GCacheWeights:
             for key in shard.keys():
                 if key not in done:
                     yield key, shard.get_tensor(key)
+
+
+def _on_gpu(model: Any) -> bool:
+    """Whether ``model``'s parameters live on a GPU (vLLM built it on its target device)."""
+    first = next(iter(model.parameters()), None)
+    return first is not None and first.device.type == "cuda"
 
 
 def _tensor(raw: torch.Tensor, span: TensorSpan) -> torch.Tensor:

@@ -153,6 +153,19 @@ def test_with_the_host_cache_a_second_load_finds_the_foreign_chunks_on_this_host
         assert cached.host_cache.stats()["hits"] - hits >= len(foreign)
 
 
+@pytest.mark.requires_gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="requires_gpu: no CUDA device (torch.cuda.is_available() is False)")
+def test_for_a_model_on_a_gpu_the_weights_are_read_into_page_locked_memory(store, model_dir):
+    name = NAME + "-pinned"
+    push_directory(store, model_dir, name)
+    weights = GCacheWeights(store, name, str(model_dir), prefetch_bytes=3 * CHUNK,
+                            segment_bytes=2 * CHUNK, pin_memory=True)
+    got = dict(iter(weights))
+    assert_same(got, expected(model_dir))
+    assert got["embed.weight"].is_pinned()       # a view of its segment (or its straddler)
+
+
 def test_settings_are_checked_by_name():
     assert loader_settings({"gcache_servers": "127.0.0.1:1", "gcache_name": "m"})[
         "prefetch_mb"] == 256
