@@ -21,6 +21,8 @@ BANNED = {
                "gcache_sglang", "gcache_vllm"),
     "files": ("gcache.server", "gcache.master", "gcache.transport", "gcache.kv",
               "gcache.router", "gcache.cli", "gcache_sglang", "gcache_vllm"),
+    "mm": ("gcache.server", "gcache.master", "gcache.transport", "gcache.kv", "gcache.files",
+           "gcache.router", "gcache.cli", "gcache_sglang", "gcache_vllm"),
 }
 # ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
 PACKAGE_INIT_ALLOWED = ("typing",)
@@ -85,11 +87,13 @@ CONNECTORS = pathlib.Path(__file__).resolve().parents[2] / "connectors"
 
 def test_connectors_use_only_the_public_names_of_gcache_kv():
     """ARCHITECTURE §2: a connector translates engine calls into gcache.kv calls (and, for the
-    vLLM model loader of issue 24, gcache.files calls); it reaches nothing else of GCache, and
-    only the names those packages export."""
+    vLLM model loader of issue 24, gcache.files calls; for encoder outputs, gcache.mm calls); it
+    reaches nothing else of GCache, and only the names those packages export."""
     import gcache.files
     import gcache.kv
-    public = {"gcache.kv": set(gcache.kv.__all__), "gcache.files": set(gcache.files.__all__)}
+    import gcache.mm
+    public = {"gcache.kv": set(gcache.kv.__all__), "gcache.files": set(gcache.files.__all__),
+              "gcache.mm": set(gcache.mm.__all__)}
     bad = []
     packages = [p for p in CONNECTORS.glob("*/gcache_*") if p.is_dir()]
     assert packages, "no connector package found"

@@ -51,7 +51,6 @@ from gcache.kv import (
     flag_setting,
     gcache_settings,
 )
-from gcache.sdk import Client
 from gcache_vllm._compat import get_logger
 
 log = get_logger(__name__)
@@ -116,7 +115,7 @@ def loader_settings(extra: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def file_store(settings: dict[str, Any], client: Client) -> Iterator[FileStore]:
+def file_store(settings: dict[str, Any], client: Any) -> Iterator[FileStore]:
     """The loader's ``FileStore`` over ``client``: with ``host_cache``, through this host's own
     server (none reachable over shared memory: without, and the log says so)."""
     local = host_cache_client(client) if settings["host_cache"] else None
