@@ -38,6 +38,7 @@ from typing import Any
 
 from gcache.kv import LoadCost
 from gcache_vllm._compat import get_logger
+from gcache_vllm.media import key_tokens
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 from gcache_vllm.stats import take_delta
 
@@ -97,7 +98,7 @@ class SchedulerSide:
         if req_id in self._loaded:
             return 0, False                     # back after a failed load: compute it
         if req_id not in self._hits:
-            prompt = list(request.prompt_token_ids or ())
+            prompt = key_tokens(request.prompt_token_ids or (), request.mm_features)
             if self._behind_a_finish_save(req_id, prompt):
                 return None, False
             self._hits[req_id] = self._probe(req_id, prompt)
@@ -175,7 +176,7 @@ class SchedulerSide:
         hit = self._hits.get(req_id, 0)
         if self._asynchronous.get(req_id):
             # a parked request is not among the next step's scheduled ones: place it now
-            prompt = list(request.prompt_token_ids or ())
+            prompt = key_tokens(request.prompt_token_ids or (), request.mm_features)
             self._async_loads.append(LoadSpec(req_id, prompt[:hit], hit - num_external_tokens,
                                               tuple(list(g) for g in blocks.get_block_ids()),
                                               asynchronous=True))
@@ -191,7 +192,7 @@ class SchedulerSide:
         for save in meta.saves_at_finish:
             self._finishing[save.req_id] = save.token_ids
         for new in scheduler_output.scheduled_new_reqs:
-            prompt = list(new.prompt_token_ids or ())
+            prompt = key_tokens(new.prompt_token_ids or (), new.mm_features)
             self._tracked[new.req_id] = _Tracked(prompt, [list(g) for g in new.block_ids])
             self._hits.pop(new.req_id, None)
             self._asynchronous.pop(new.req_id, None)
@@ -247,7 +248,7 @@ class SchedulerSide:
         pages = request.num_computed_tokens // self.page
         if pages <= tracked.saved_pages or not any(block_ids):
             return False                       # no page the prefill's save did not cover
-        tokens = list(request.all_token_ids[:pages * self.page])
+        tokens = key_tokens(request.all_token_ids[:pages * self.page], request.mm_features)
         self._finish_saves.append(SaveSpec(req_id, tokens, tuple(list(g) for g in block_ids)))
         self.counters["finish_saves"] += 1
         return True

@@ -142,7 +142,7 @@ def test_a_preempted_request_matched_again_on_its_way_back_gets_its_load(tmp_pat
     config, kv_config, _, _, _ = saved_engine(tmp_path, cluster, as_transfer_group, prompt,
                                               window=None)     # one group: a sync load
     side = scheduler(config, kv_config).connector.scheduler
-    new = SimpleNamespace(req_id="r", prompt_token_ids=prompt,
+    new = SimpleNamespace(req_id="r", prompt_token_ids=prompt, mm_features=[],
                           block_ids=([1, 2, 3, 4, 5, 6, 7],), num_computed_tokens=0)
     first = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"r": 100},
                             scheduled_cached_reqs=SimpleNamespace(
@@ -161,3 +161,38 @@ def test_a_preempted_request_matched_again_on_its_way_back_gets_its_load(tmp_pat
     loads = [load for load in meta.loads if load.req_id == "r"]
     assert len(loads) == 1 and len(loads[0].token_ids) == 96 and not loads[0].asynchronous
     assert loads[0].block_ids == tuple(list(g) for g in table) and loads[0].skip_tokens == 0
+
+
+def image(identifier: str, offset: int, length: int):
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    return MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                 mm_position=PlaceholderRange(offset=offset, length=length))
+
+
+def test_kv_keys_tell_images_apart_where_the_tokens_are_the_same(tmp_path, cluster,
+                                                               as_transfer_group):
+    """A multimodal prompt's image positions all hold one placeholder id; the connector keys
+    them by the image's hash (``gcache_vllm.media``). Text-only KV saved for these very ids
+    is found by a text request, and by an image request only up to the image."""
+    from types import SimpleNamespace
+
+    from gcache_vllm.media import key_tokens
+    prompt = list(range(17000, 17032)) + [15] * 32 + list(range(17100, 17136))   # 100 tokens
+    config, kv_config, _, _, _ = saved_engine(tmp_path, cluster, as_transfer_group, prompt,
+                                              window=None)
+    side = scheduler(config, kv_config).connector.scheduler
+    assert side.matched_tokens(request("plain", prompt), 0)[0] == 96
+    with_image = request("cat", prompt)
+    with_image.mm_features = [image("sha256:cat", 32, 32)]
+    assert side.matched_tokens(with_image, 0)[0] == 32        # the text before the image
+    new = SimpleNamespace(req_id="cat", prompt_token_ids=prompt, num_computed_tokens=0,
+                          mm_features=with_image.mm_features, block_ids=([1, 2, 3, 4, 5, 6, 7],))
+    step = SimpleNamespace(scheduled_new_reqs=[new], num_scheduled_tokens={"cat": 100},
+                           scheduled_cached_reqs=SimpleNamespace(
+                               req_ids=[], new_block_ids=[], num_computed_tokens=[],
+                               resumed_req_ids=set()))
+    (save,) = side.build_meta(step).saves                    # what the workers key it by
+    assert save.token_ids == key_tokens(prompt[:96], with_image.mm_features)
+    assert save.token_ids[:32] == prompt[:32] and save.token_ids[64:] == prompt[64:96]
+    assert min(save.token_ids[32:64]) >= 1 << 62
+    assert key_tokens(prompt, [image("sha256:dog", 32, 32)])[32:64] != save.token_ids[32:64]
