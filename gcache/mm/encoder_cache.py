@@ -14,6 +14,9 @@ dtype and shape; a value of another shape is a miss, never a wrong tensor. ``get
 descriptor first, then the bytes into a tensor it allocates. Failures are misses, as
 everywhere in the SDK: a dead server costs an encoder run, never an exception.
 
+Values may also be plain host buffers (anything with the buffer protocol: an engine's pool
+pages by address, as SGLang hands them), recorded as ``uint8`` of their length.
+
 torch is imported only by the methods that make tensors (``get``): a caller passing tensors
 has it already.
 """
@@ -53,8 +56,11 @@ class EncoderOutput(NamedTuple):
             return None
 
     @classmethod
-    def of(cls, tensor: Any) -> EncoderOutput:
-        return cls(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+    def of(cls, value: Any) -> EncoderOutput:
+        """A tensor's dtype and shape; a plain buffer's length, as ``uint8``."""
+        if _is_tensor(value):
+            return cls(str(value.dtype).removeprefix("torch."), tuple(value.shape))
+        return cls("uint8", (len(_flat(value)),))
 
 
 class EncoderCache:
@@ -80,8 +86,8 @@ class EncoderCache:
     # ---- writes ---------------------------------------------------------------------------------
 
     def put(self, key: str, tensor: Any) -> bool:
-        """Store ``tensor`` (contiguous, host or GPU) under ``key``; False when it could not be
-        stored."""
+        """Store ``tensor`` (contiguous, host or GPU; or a host buffer) under ``key``; False
+        when it could not be stored."""
         return self.put_many([key], [tensor])[0]
 
     def put_many(self, keys: Sequence[str], tensors: Sequence[Any]) -> list[bool]:
@@ -89,7 +95,7 @@ class EncoderCache:
             raise InvalidRequest(f"put_many got {len(keys)} keys and {len(tensors)} tensors")
         names, values, groups = [], [], []
         for key, tensor in zip(keys, tensors, strict=True):
-            if not tensor.is_contiguous() or tensor.numel() == 0:
+            if (_is_tensor(tensor) and not tensor.is_contiguous()) or _size(tensor) == 0:
                 raise InvalidRequest(f"the tensor for {key} is empty or not contiguous")
             # the bytes first: a reader who finds the descriptor finds them too
             names += [_value(key), _descriptor(key)]
@@ -133,8 +139,7 @@ class EncoderCache:
             n_desc, n_value = got[2 * i], got[2 * i + 1]
             found = None if n_desc is None else \
                 EncoderOutput.from_bytes(memoryview(descriptors[i])[:n_desc])
-            out.append(found == EncoderOutput.of(tensor)
-                       and n_value == tensor.numel() * tensor.element_size())
+            out.append(found == EncoderOutput.of(tensor) and n_value == _size(tensor))
         return out
 
     def describe(self, key: str) -> EncoderOutput | None:
@@ -163,7 +168,21 @@ def _descriptor(key: str) -> str:
     return f"{key}/d"
 
 
-def _flat(tensor: Any) -> Any:
-    """A tensor as flat bytes, a view: the SDK moves uint8 host and device buffers alike."""
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
+
+
+def _flat(value: Any) -> Any:
+    """A tensor as flat bytes, a view (the SDK moves uint8 host and device buffers alike); a
+    host buffer as a flat byte view."""
+    if not _is_tensor(value):
+        return memoryview(value).cast("B")
     import torch  # the caller has it: it passed a tensor
-    return tensor.reshape(-1).view(torch.uint8)
+    return value.reshape(-1).view(torch.uint8)
+
+
+def _size(value: Any) -> int:
+    if _is_tensor(value):
+        n_bytes: int = value.numel() * value.element_size()
+        return n_bytes
+    return len(_flat(value))
