@@ -16,13 +16,14 @@ CORPUS = ["The cache keeps the keys and values of every layer for each token of 
           "GCache stores pages of KV in shared memory and on disk across a cluster of hosts."]
 
 
-def tokenizer(path: pathlib.Path):
+def tokenizer(path: pathlib.Path, *, special: tuple[str, ...] = ()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>", "<pad>"],
+    trainer = trainers.BpeTrainer(vocab_size=512,
+                                  special_tokens=["<s>", "</s>", "<pad>", *special],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
@@ -41,6 +42,60 @@ def llama(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     return _save_random(LlamaForCausalLM(config), path, seed, 0.08)
+
+
+IDEFICS3_IMAGE = 56             # pixels a side; 14-pixel patches, 4 image embeddings each
+
+
+def idefics3(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
+    """A vision-language model vLLM runs on CPU without torchvision: Idefics3 (a SigLIP-style
+    vision tower, pixel shuffle, a Llama text model), its PIL image processor with image
+    splitting off, and the tokenizer with Idefics3's special tokens."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    special = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+               *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)))
+    tok = tokenizer(path, special=special)
+    images = Idefics3ImageProcessorPil(do_image_splitting=False,
+                                       size={"longest_edge": IDEFICS3_IMAGE},
+                                       max_image_size={"longest_edge": IDEFICS3_IMAGE})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tok,
+                                  image_seq_len=(IDEFICS3_IMAGE // 14) ** 2 // 4,
+                                  chat_template="{% for m in messages %}{{ m['content'] }}"
+                                                "{% endfor %}")
+    vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2, image_size=IDEFICS3_IMAGE,
+                                  patch_size=14)
+    text = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                       head_dim=64, max_position_embeddings=2048,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    config = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                            scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                            tie_word_embeddings=False)
+    config.dtype = "float32"
+    config.pad_token_id = config.text_config.pad_token_id = tok.pad_token_id
+    _save_random(Idefics3ForConditionalGeneration(config), path, seed, 0.08)
+    processor.save_pretrained(path)
+    return path
+
+
+def image(seed: int, size: int = IDEFICS3_IMAGE):
+    """A PIL image of random pixels: a different seed, a different image."""
+    import numpy as np
+    from PIL import Image
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
 
 
 def prompt_ids(path: pathlib.Path, repeats: int = 4) -> list[int]:

@@ -9,7 +9,10 @@ log-probabilities, and the number of prompt tokens vLLM reports as cached.
 engine's answer to it and the turn's message, as a chat client sends it. ``kill_on_load``: the
 PID of a GCache server to SIGKILL right after the worker starts its first load (the server dies
 mid-transfer). ``connector: false``: no KV connector. ``load_format`` and ``loader_config``:
-vLLM's ``--load-format`` and ``--model-loader-extra-config``.
+vLLM's ``--load-format`` and ``--model-loader-extra-config``. ``mm_prompts`` (instead of
+``prompts``): text prompts with one image each, ``{"text": ..., "image": PATH}``; ``ec: true``
+adds the GCache EC connector (``ec_both``), whose worker counters the result then carries as
+``ec``; ``mm_processor_kwargs``: the engine's.
 """
 
 from __future__ import annotations
@@ -54,6 +57,16 @@ def main() -> None:
     if spec.get("load_format"):
         more["load_format"] = spec["load_format"]
         more["model_loader_extra_config"] = spec.get("loader_config", {})
+    if spec.get("ec"):
+        from vllm.config import ECTransferConfig
+        more["ec_transfer_config"] = ECTransferConfig(
+            ec_connector="GCacheECConnector", ec_role="ec_both",
+            ec_connector_module_path="gcache_vllm.ec_connector",
+            ec_connector_extra_config={k: v for k, v in extra.items() if k != "gcache_policy"})
+    if spec.get("mm_prompts"):
+        more["limit_mm_per_prompt"] = {"image": 1}
+        if spec.get("mm_processor_kwargs"):
+            more["mm_processor_kwargs"] = spec["mm_processor_kwargs"]
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True,
               block_size=spec["block_size"], max_model_len=512,
               kv_cache_memory_bytes=64 << 20, seed=0, enable_prefix_caching=False,
@@ -64,15 +77,26 @@ def main() -> None:
     results = []
     turns = spec.get("conversation")
     prompt: list[int] = []
-    for ids in (turns or spec["prompts"]):
-        prompt = (prompt + results[-1]["output_ids"] + ids) if turns and results else ids
-        reply = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    for ids in (turns or spec.get("prompts") or spec["mm_prompts"]):
+        if isinstance(ids, dict):                  # a text prompt with an image
+            from PIL import Image
+            with Image.open(ids["image"]) as picture:
+                request = {"prompt": ids["text"],
+                           "multi_modal_data": {"image": picture.convert("RGB")}}
+        else:
+            prompt = (prompt + results[-1]["output_ids"] + ids) if turns and results else ids
+            request = {"prompt_token_ids": prompt}
+        reply = llm.generate(request, params, use_tqdm=False)[0]
         tokens = list(reply.outputs[0].token_ids)
         results.append({"output_ids": tokens, "cached": reply.num_cached_tokens or 0,
-                        "prompt_len": len(prompt),
+                        "prompt_len": len(reply.prompt_token_ids or ()),
                         "logprobs": [step[t].logprob
                                      for step, t in zip(reply.outputs[0].logprobs, tokens)]})
-    print("RESULT " + json.dumps({"results": results}), flush=True)
+    out: dict = {"results": results}
+    if spec.get("ec"):
+        from vllm.distributed.ec_transfer import get_ec_transfer
+        out["ec"] = get_ec_transfer().counters       # the worker's: loads and saves
+    print("RESULT " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,16 @@ import subprocess
 import sys
 
 import pytest
-from engine_testing.tiny_models import gemma3, gpt_oss, hf_greedy_logprobs, llama, prompt_ids
+from engine_testing.tiny_models import (
+    CORPUS,
+    gemma3,
+    gpt_oss,
+    hf_greedy_logprobs,
+    idefics3,
+    image,
+    llama,
+    prompt_ids,
+)
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
@@ -292,3 +301,57 @@ def connector_groups(log: pathlib.Path) -> list[str]:
         if "gcache connector (SCHEDULER" in line and "groups " in line:
             return json.loads(line.split("groups ", 1)[1])
     raise AssertionError("the connector's start-up line is missing")
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory):
+    """A tiny Idefics3 (vision tower and Llama) and two images, as PNG files."""
+    root = tmp_path_factory.mktemp("vision")
+    pictures = []
+    for seed in (1, 2):
+        pictures.append(root / f"image-{seed}.png")
+        image(seed).save(pictures[-1])
+    return idefics3(root / "idefics3"), pictures
+
+
+# The image sits in the first block (the text before it is a few tokens), and the prompt runs
+# on for two more blocks, so that block is saved and looked up.
+MM_TEXT = "The cache <image> " + " ".join(CORPUS * 2)
+
+
+def test_an_engine_meeting_an_image_another_encoded_loads_it_instead_of_encoding(
+        vision_model, gcache, tmp_path):
+    """Engine A encodes the image and stores the output; a fresh engine B given the same image
+    reads it from GCache, never runs the encoder for it (no save: vLLM saves only what its
+    encoder produced), and answers as A did. An engine whose preprocessing settings differ
+    (its ``mm_processor_kwargs``, which vLLM's own item hash leaves out) misses."""
+    model, (first, _) = vision_model
+    prompts = [{"text": MM_TEXT, "image": str(first)}]
+    runs = {name: run(model, gcache.addresses, [], mm_prompts=prompts, connector=False,
+                      ec=True, log=tmp_path / f"{name}.log", **settings)
+            for name, settings in (("a", {}), ("b", {}),
+                                   ("c", {"mm_processor_kwargs": {"do_image_splitting": False}}))}
+    a, b, c = (runs[k] for k in "abc")
+    assert (a["ec"]["saves"], a["ec"]["loads"]) == (1, 0)
+    assert (b["ec"]["saves"], b["ec"]["loads"]) == (0, 1)
+    assert (c["ec"]["saves"], c["ec"]["loads"]) == (1, 0)
+    assert b["results"][0]["output_ids"] == a["results"][0]["output_ids"]
+    worst = max(abs(x - y) for x, y in zip(b["results"][0]["logprobs"],
+                                           a["results"][0]["logprobs"]))
+    assert worst < LOGPROB_TOLERANCE
+    assert c["results"][0]["output_ids"] == a["results"][0]["output_ids"]   # same pixels
+
+
+def test_the_same_text_with_another_image_finds_no_kv_and_the_same_image_does(
+        vision_model, gcache, tmp_path):
+    """One engine (prefix caching off: every cached token is the connector's): the prompt with
+    image 1 is saved; the same text with image 2 gets no KV from GCache (the image is in the
+    first block); image 1 again gets every block before its last token."""
+    model, (first, second) = vision_model
+    prompts = [{"text": MM_TEXT, "image": str(p)} for p in (first, second, first)]
+    saved, other, same = run(model, gcache.addresses, [], mm_prompts=prompts,
+                             log=tmp_path / "kv.log")["results"]
+    assert saved["prompt_len"] > 2 * BLOCK and saved["cached"] == 0
+    assert other["cached"] == 0
+    assert same["cached"] == (same["prompt_len"] - 1) // BLOCK * BLOCK
+    assert same["output_ids"] == saved["output_ids"]
