@@ -10,6 +10,13 @@ tokenizer is the model's own (``transformers.AutoTokenizer``), loaded once per m
 
 A request that batches several prompts is routed by its first: one engine serves the whole
 request.
+
+Media (image, audio, video parts of chat messages) cannot be followed here: the engine replaces
+each with placeholder tokens that its KV keys hash as the media item (``gcache.mm``), which
+takes the engine's processor to compute. ``lookup_tokens`` therefore stops where a chat
+request's first media part begins: the router looks up hits up to there, never taking a
+text-only prompt's KV for an image prompt's (``prompt_tokens``, the text's tokens, still sizes
+the request).
 """
 
 from __future__ import annotations
@@ -89,6 +96,45 @@ def _chat_tokens(tokenizer: Any, body: dict[str, Any]) -> list[int]:
                              f"template: {type(exc).__name__}: {exc}") from exc
     special = body.get("add_special_tokens", False)
     return list(tokenizer(text, add_special_tokens=bool(special))["input_ids"])
+
+
+def lookup_tokens(tokenizer: Any, path: str, body: dict[str, Any],
+                  tokens: list[int]) -> list[int]:
+    """The leading part of ``tokens`` (``prompt_tokens`` of this request) whose KV keys the
+    router can compute: all of them, unless a chat message holds media, then those before the
+    first media part."""
+    messages = body.get("messages") if path.endswith("/chat/completions") else None
+    before = _before_media(messages) if isinstance(messages, list) else None
+    if before is None:
+        return tokens
+    kwargs = body.get("chat_template_kwargs") or {}
+    special = body.get("add_special_tokens", False)
+    try:
+        head = tokenizer.apply_chat_template(
+            [_plain(m) for m in before], tokenize=False, add_generation_prompt=False,
+            continue_final_message=bool(before), chat_template=body.get("chat_template"),
+            **kwargs) if before else ""
+    except Exception:           # a template that will not end mid-conversation: no tokens
+        return []
+    known = list(tokenizer(head, add_special_tokens=bool(special))["input_ids"])
+    same = 0
+    while same < min(len(known), len(tokens)) and known[same] == tokens[same]:
+        same += 1
+    return tokens[:same]
+
+
+def _before_media(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation up to its first media part (that message keeps the text parts before
+    it); None when there is no media part."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type", "text") != "text":
+                text = [p for p in content[:j] if isinstance(p, dict)]
+                return messages[:i] + ([{**message, "content": text}] if text else [])
+    return None
 
 
 def _plain(message: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from gcache.router.gcache_hits import GCacheHits
 from gcache.router.instances import Instance
 from gcache.router.kv_events import view_hashes
 from gcache.router.policy import route
-from gcache.router.prompts import Tokenizers, prompt_tokens
+from gcache.router.prompts import Tokenizers, lookup_tokens, prompt_tokens
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,9 @@ class Router:
                                                 body)
         except InvalidRequest as exc:
             return error_response(400, str(exc))
-        hashes = view_hashes(tokens, self.config.block_size)
-        gcache_hit = await loop.run_in_executor(self.pool, self._gcache_hit, model, tokens)
+        known = lookup_tokens(self.tokenizers.get(model), request.path, body, tokens)
+        hashes = view_hashes(known, self.config.block_size)
+        gcache_hit = await loop.run_in_executor(self.pool, self._gcache_hit, model, known)
         tried: set[str] = set()
         while True:
             candidates = [i for i in self.instances if i.name not in tried and i.serves(model)]

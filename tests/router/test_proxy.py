@@ -121,3 +121,28 @@ def test_messages_the_chat_template_refuses_are_a_bad_request(tmp_path):
     with pytest.raises(InvalidRequest, match="no tools here"):
         prompt_tokens(tokenizer, "/v1/chat/completions",
                       {"messages": [{"role": "tool", "content": "x"}]})
+
+
+def test_a_chat_request_with_an_image_is_looked_up_only_before_the_image(tmp_path):
+    """The engine keys the image's placeholder tokens by the image (``gcache.mm``), which the
+    router cannot compute: it looks up only what precedes the first media part."""
+    from transformers import AutoTokenizer
+
+    from gcache.router.prompts import lookup_tokens, prompt_tokens
+    tokenizer = AutoTokenizer.from_pretrained(word_tokenizer(tmp_path / "tok"))
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    chat = "/v1/chat/completions"
+    text = {"type": "text", "text": "the cache keeps"}
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    plain = {"messages": [{"role": "user", "content": "pages of kv"},
+                          {"role": "user", "content": [text]}]}
+    with_image = {"messages": [{"role": "user", "content": "pages of kv"},
+                               {"role": "user", "content": [text, picture,
+                                                            {"type": "text", "text": "kv"}]}]}
+    tokens = prompt_tokens(tokenizer, chat, plain)
+    assert lookup_tokens(tokenizer, chat, plain, tokens) == tokens
+    tokens = prompt_tokens(tokenizer, chat, with_image)
+    known = lookup_tokens(tokenizer, chat, with_image, tokens)
+    assert 0 < len(known) < len(tokens) and known == tokens[:len(known)]
+    first = {"messages": [{"role": "user", "content": [picture, text]}]}
+    assert lookup_tokens(tokenizer, chat, first, prompt_tokens(tokenizer, chat, first)) == []
