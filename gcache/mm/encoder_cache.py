@@ -132,8 +132,10 @@ class EncoderCache:
         try:
             got = self.client.batch_get_into(names, targets,
                                              group=[key for key in keys for _ in range(2)])
-        except InvalidRequest:
-            return [False] * len(keys)      # a stored value larger than its out: not this one
+        except InvalidRequest:              # a stored value larger than its out: that one
+            if len(keys) == 1:              # misses, the rest are asked one by one
+                return [False]
+            return [self.get_into(key, out) for key, out in zip(keys, outs, strict=True)]
         out = []
         for i, tensor in enumerate(outs):
             n_desc, n_value = got[2 * i], got[2 * i + 1]

@@ -64,6 +64,11 @@ def test_an_output_of_another_dtype_or_shape_is_a_miss(cache):
     assert cache.get_into_many([key, cache.key("absent")],
                                [torch.empty(100, 64, dtype=torch.bfloat16),
                                 torch.empty(100, 64, dtype=torch.bfloat16)]) == [True, False]
+    other = cache.key("sha256:image-d", PRE)
+    assert cache.put(other, embeds(4, tokens=10))
+    assert cache.get_into_many([key, other],            # the second's out is too small
+                               [torch.empty(100, 64, dtype=torch.bfloat16),
+                                torch.empty(5, 64, dtype=torch.bfloat16)]) == [True, False]
 
 
 def test_a_dead_server_is_a_miss_not_an_exception(cache, cluster):
