@@ -258,18 +258,21 @@ class FileStore:
             if [self.client.delete(k, group=g)
                     for k, g in self._small_copies(key, MAX_SMALL_COPIES)].count(True):
                 found.add(name)
+        gone: set[tuple[str, str | None]] = set()   # once, though several versions name it
         for digest, manifest in manifests.items():
             if manifest.name not in doomed:
                 continue
             for i, chunk in enumerate(manifest.chunks):
                 if chunk in kept:
                     continue
-                kept.add(chunk)                   # once, though several versions name it
-                self.client.delete(chunk_key(chunk))
-                for copy, attempt in enumerate(manifest.placements[i] if manifest.placements
-                                               else (), start=1):
-                    self.client.delete(replica_key(chunk, copy),
-                                       group=replica_group(chunk, copy, attempt))
+                copies = [(chunk_key(chunk), None)] + [
+                    (replica_key(chunk, copy), replica_group(chunk, copy, attempt))
+                    for copy, attempt in enumerate(manifest.placements[i] if
+                                                   manifest.placements else (), start=1)]
+                for k, g in copies:               # each version's own replica placements
+                    if (k, g) not in gone:
+                        gone.add((k, g))
+                        self.client.delete(k, group=g)
             for k, g in self._small_copies(manifest_key(digest), MAX_SMALL_COPIES):
                 self.client.delete(k, group=g)
         return len(found)

@@ -310,3 +310,17 @@ def test_delete_frees_the_chunks_no_other_file_names(files):
     assert len(left) == pinned_parts(files.client) < before
     assert files.delete("a") is False and files.delete_many(["b", "nope"]) == 1
     assert files.client.list_pinned("file/") == []
+
+
+def test_delete_takes_every_versions_replicas(files):
+    """Versions of one name with other replica counts place extra copies of the same chunks:
+    a delete takes each version's, whichever version it meets first (six names, so some meet
+    the single-copy version first)."""
+    rng = np.random.default_rng(9)
+    names = [f"r{i}" for i in range(6)]
+    for name in names:
+        data = rng.integers(0, 256, 2 * CHUNK, np.uint8).tobytes()
+        files.put_file(name, data, replicas=1)
+        files.put_file(name, data + b"!", replicas=2)
+    assert files.delete_many(names) == 6
+    assert files.client.list_pinned("file/") == []
