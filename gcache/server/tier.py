@@ -207,6 +207,8 @@ class HotTier:
             if pinned:
                 self._check_pin_budget(size)
             head, record = self._allocate(size, wait_s)
+            if pinned:                  # counted from now: writes in flight at once see it
+                self._count_hold(head)
             entry = Entry(key, record, value_offset(record, len(key)), length, 0, head,
                           group=group, pinned=pinned)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
@@ -277,6 +279,8 @@ class HotTier:
             actual = checksum(self.arena.view[entry.value:entry.value + entry.length])
         with self._lock:
             self._unpin(entry.head)
+            if entry.pinned:            # ALLOC's count; ``_point`` counts a committed one
+                self._release_hold(entry.head)
             self.counters.whole_hashes += not streamed
             if actual != expected:
                 self.counters.checksum_failures += 1
@@ -517,6 +521,8 @@ class HotTier:
             return False
         del self._pins[handle]
         self._unpin(pin.entry.head)
+        if pin.pending and pin.entry.pinned:
+            self._release_hold(pin.entry.head)
         return True
 
     def _unpin(self, head: Segment) -> None:
@@ -547,7 +553,9 @@ class HotTier:
     def _check_pin_budget(self, n_bytes: int) -> None:
         """Raise NoSpace when a pinned record of ``n_bytes`` could take the spans holding
         pinned values past the budget (under ``_lock``). Counted in whole spans, the memory a
-        held span keeps from eviction: into the open segment, already held, it costs none."""
+        held span keeps from eviction: into the open segment, already held, it costs none.
+        A pinned write counts from its ALLOC (``_count_hold``), so writes in flight at once
+        cannot each pass the check."""
         open_ = self.arena.fits_open(n_bytes)
         if open_ is not None and open_.held:
             return
@@ -559,16 +567,21 @@ class HotTier:
 
     def _hold(self, key: bytes, record: int, head: Segment) -> None:
         self._pinned[key] = record
-        head.held += 1
-        if head.held == 1:
-            self._held_segments += head.span
+        self._count_hold(head)
 
     def _unhold(self, key: bytes) -> None:
         """``key``'s pinned record (if it had one) is no longer current: its span may go."""
         record = self._pinned.pop(key, None)
-        if record is None:
-            return
-        head = self.arena.segment_of(record)
+        if record is not None:
+            self._release_hold(self.arena.segment_of(record))
+
+    def _count_hold(self, head: Segment) -> None:
+        """One more pinned value (or pinned write in flight) in ``head``'s span."""
+        head.held += 1
+        if head.held == 1:
+            self._held_segments += head.span
+
+    def _release_hold(self, head: Segment) -> None:
         head.held -= 1
         if head.held == 0:
             self._held_segments -= head.span

@@ -341,3 +341,26 @@ def test_a_pinned_put_past_the_budget_is_refused_and_a_delete_gives_its_room_bac
     assert tier.pinned_keys(b"", limit=10) == [b"file/c/2", b"file/c/3", b"file/c/4"]
     churn(tier, 2)
     assert all(read(tier, f"file/c/{i}".encode()) == big for i in (2, 3, 4))
+
+
+def test_pinned_writes_in_flight_count_against_the_budget_from_their_alloc(tier):
+    big = b"w" * (SEG - 1024)                     # one segment each
+    handles = []
+    for i in range(4):
+        handle, _, target = tier.alloc(f"file/c/{i}".encode(), len(big), pinned=True)
+        target[:] = big
+        target.release()
+        handles.append(handle)
+    assert tier.stats()["pinned_bytes"] == 4 * SEG and tier.stats()["pinned_objects"] == 0
+    with pytest.raises(NoSpace, match="pin budget"):
+        tier.alloc(b"file/c/4", len(big), pinned=True)
+    tier.abort(handles[0])                        # an abandoned write gives its room back
+    with pytest.raises(ChecksumMismatch):         # and so does a refused one
+        tier.commit(handles[1], checksum(b"other bytes"))
+    assert tier.stats()["pinned_bytes"] == 2 * SEG
+    for handle in handles[2:]:
+        assert tier.commit(handle, checksum(big))
+    stats = tier.stats()
+    assert (stats["pinned_objects"], stats["pinned_bytes"]) == (2, 2 * SEG)
+    put_pinned(tier, b"file/c/5", big)
+    assert tier.pinned_keys(b"file/", limit=9) == [b"file/c/2", b"file/c/3", b"file/c/5"]
