@@ -267,8 +267,8 @@ class Client:
 
     def list_pinned(self, prefix: KeyLike = b"") -> list[bytes]:
         """The pinned keys that start with ``prefix`` (a file store's parts), from every server
-        that answers, sorted and without repeats. A server that does not answer is left out
-        and counted (``stats()["errors"]``): its keys are missing from the list."""
+        that answers, sorted and without repeats. A server that does not answer is left out,
+        counted as a miss of its cause and logged: its keys are missing from the list."""
         raw = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
         if len(raw) > MAX_KEY_BYTES:
             raise InvalidRequest(f"prefix is {len(raw)} bytes; limit is {MAX_KEY_BYTES}")
