@@ -83,6 +83,8 @@ class GCacheECConnector(ECConnectorBase):
     # ---- scheduler side -------------------------------------------------------------------------
 
     def has_cache_item(self, identifier: str) -> bool:
+        if not self.is_consumer:
+            return False        # a yes makes vLLM skip the encoder, and this engine never loads
         found = self._found.get(identifier)
         if found is None:
             found = self._found[identifier] = self.cache.exists(self.key(identifier))
@@ -92,7 +94,7 @@ class GCacheECConnector(ECConnectorBase):
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         identifier = request.mm_features[index].identifier
-        if self.is_consumer and self.has_cache_item(identifier):
+        if self.has_cache_item(identifier):
             self._to_load.append(identifier)
 
     def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:

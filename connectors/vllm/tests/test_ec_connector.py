@@ -100,7 +100,12 @@ def test_a_producer_only_engine_does_not_load_and_a_consumer_only_does_not_save(
     producer = connector(ec_config(model, cluster.addresses, role="ec_producer"), "SCHEDULER")
     made += [consumer, producer]
     consumer.save_caches(encoder_cache={"x": torch.ones(2, 64)}, mm_hash="x")
-    assert not producer.has_cache_item("x")
+    assert consumer.counters["saves"] == 0
+    both = connector(ec_config(model, cluster.addresses), "WORKER")
+    made.append(both)
+    both.save_caches(encoder_cache={"x": torch.ones(2, 64)}, mm_hash="x")
+    assert both.counters["saves"] == 1
+    assert not producer.has_cache_item("x")     # it would skip the encoder, and never load
     producer.update_state_after_alloc(image_request("r", "x"), 0)
     assert producer.build_connector_meta(None).loads == []
 
