@@ -33,6 +33,7 @@ from gcache.server.tier import ALLOC_WAIT_S, Copied, Entry, HotTier, Stored
 
 log = logging.getLogger(__name__)
 
+LANDED_WAIT_S = 5.0      # a delete waits at most this long for a demotion of its key to end
 PROMOTE_WAIT_S = 0.2     # a read waits at most this long for room to promote into; then NoSpace
 
 
@@ -42,7 +43,8 @@ class TieredStore:
     def __init__(self, hot: HotTier, cold: ColdStore, *, headroom_segments: int) -> None:
         self.hot, self.cold = hot, cold
         self.arena = hot.arena
-        self._guard = threading.Lock()           # the two sets below
+        self._guard = threading.Lock()           # the sets below
+        self._landed = threading.Condition(self._guard)   # a demotion's disk write ended
         self._in_flight: set[bytes] = set()      # keys the demoter is writing to disk
         self._superseded: set[bytes] = set()     # of those, written or deleted meanwhile
         self._promoting: Counter[bytes] = Counter()   # keys being read from disk into memory
@@ -128,6 +130,11 @@ class TieredStore:
         that found it are marked, and memory is cleared once more for one that committed."""
         on_disk = self._drop_cold(key, deleting=True)
         in_memory = self.hot.delete(key)
+        # A demotion writing the key now would leave a disk copy behind until it ends: a crash
+        # before then brought the deleted value back (the arena's tombstones do not reach the
+        # disk). The delete is acknowledged only once that write is over and the copy gone.
+        with self._guard:
+            self._landed.wait_for(lambda: key not in self._in_flight, timeout=LANDED_WAIT_S)
         again = self._drop_cold(key, deleting=True)
         in_memory = self.hot.delete(key) or in_memory
         return on_disk or again or in_memory
@@ -268,16 +275,19 @@ class TieredStore:
                 continue
             with self._guard:
                 self._in_flight.add(entry.key)
-            if self.cold.put(entry.key, value, entry.checksum, entry.group):
-                done += 1
-            else:
-                self.dropped_objects += 1
-        with self._guard:
-            stale, self._superseded = self._superseded & self._in_flight, \
-                self._superseded - self._in_flight
-            self._in_flight.clear()
-        for key in stale:
-            self.cold.delete(key)
+            try:
+                if self.cold.put(entry.key, value, entry.checksum, entry.group):
+                    done += 1
+                else:
+                    self.dropped_objects += 1
+            finally:
+                with self._guard:     # written or deleted meanwhile: this copy is stale
+                    self._in_flight.discard(entry.key)
+                    stale = entry.key in self._superseded
+                    self._superseded.discard(entry.key)
+                    if stale:
+                        self.cold.delete(entry.key)
+                    self._landed.notify_all()
         return done
 
 

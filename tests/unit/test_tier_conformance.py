@@ -364,3 +364,50 @@ def test_pinned_writes_in_flight_count_against_the_budget_from_their_alloc(tier)
     assert (stats["pinned_objects"], stats["pinned_bytes"]) == (2, 2 * SEG)
     put_pinned(tier, b"file/c/5", big)
     assert tier.pinned_keys(b"file/", limit=9) == [b"file/c/2", b"file/c/3", b"file/c/5"]
+
+
+class HeldPuts:
+    """A real cold store whose puts wait for ``release``: a demotion caught mid-write."""
+
+    def __init__(self, cold) -> None:
+        import threading
+        self.cold, self.started, self.release = cold, threading.Event(), threading.Event()
+
+    def put(self, *args, **kwargs):
+        self.started.set()
+        self.release.wait(10)
+        return self.cold.put(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.cold, name)
+
+
+def test_a_delete_during_its_keys_demotion_is_acknowledged_once_the_disk_copy_is_gone(
+        tmp_path):
+    """A crash between a demotion's disk write and its cleanup brought a deleted value back
+    (the arena's tombstones do not reach the disk): the fault suite's cold-tier crash round
+    read a deleted key's old value, once under load. The delete now waits for the write."""
+    import threading
+    (tmp_path / "disk").mkdir()
+    cold = HeldPuts(SegmentColdStore(str(tmp_path / "disk"), DISK_BYTES))
+    store = TieredStore(_hot(f"gcache-conformance-{uuid.uuid4().hex[:8]}", cold_backed=True),
+                        cold, headroom_segments=2)
+    try:
+        put(store, b"k", b"old value")
+        entry = store.hot.entry(b"k")
+        demotion = threading.Thread(target=store.demote, args=([entry],))
+        demotion.start()
+        assert cold.started.wait(5)
+        deleted: list[bool] = []
+        delete = threading.Thread(target=lambda: deleted.append(store.delete(b"k")))
+        delete.start()
+        delete.join(0.5)
+        assert delete.is_alive() and not deleted      # not acknowledged mid-write
+        cold.release.set()
+        demotion.join(5)
+        delete.join(5)
+        assert deleted == [True]
+        assert cold.lookup(b"k") is None and not store.exists(b"k")
+    finally:
+        cold.release.set()
+        store.close(unlink=True)
