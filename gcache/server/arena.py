@@ -167,7 +167,6 @@ class RecordFields(NamedTuple):     # a tuple: a frozen dataclass took 1.5 us to
     group: int
     state: int
     read: bool           # leased since it was written (``mark_read``)
-    pinned: bool         # put pinned: kept in memory (``Segment.held``)
 
 
 NEVER_WRITTEN = -(1 << 62)
@@ -510,8 +509,7 @@ class Arena:
         _, state, read, key_len, length, checksum, seq, group, _ = \
             RECORD.unpack_from(self.view, offset)
         key = bytes(self.view[offset + RECORD.size:offset + RECORD.size + key_len])
-        return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT),
-                            bool(read & PINNED_BIT))
+        return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT))
 
     def record_length(self, offset: int) -> int:
         length: int = _LENGTH.unpack_from(self.view, offset + 8)[0]

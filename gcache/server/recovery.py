@@ -53,6 +53,7 @@ class Recovered:
     dropped_corrupt: int = 0
     dropped_pending: int = 0
     dropped_headers: int = 0        # records whose header failed its check
+    pinned: list[int] = field(default_factory=list)   # current pinned records (``PINNED_BIT``)
 
 
 def scan(arena: Arena, table: RecordTable) -> Recovered:
@@ -79,6 +80,8 @@ def scan(arena: Arena, table: RecordTable) -> Recovered:
         key = arena.read_record(record).key
         if table.get(key) == record:
             table.remove(key)
+    out.pinned = [record for record in out.pinned
+                  if table.get(arena.read_record(record).key) == record]
     out.objects = len(table)
     out.value_bytes = arena.sum_lengths(table.records())
     return out
@@ -110,6 +113,8 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable
                 hash_ = table.hash(key)
                 hashes.append(hash_)
                 _keep(arena, table, key, hash_, pos, seq)
+                if arena.is_pinned(pos):
+                    out.pinned.append(pos)        # current or not: told at the end
             else:
                 out.dropped_corrupt += 1
                 log.error("recovery.checksum_mismatch bytes=%d offset=%d", length, value)

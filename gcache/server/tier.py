@@ -181,10 +181,8 @@ class HotTier:
         self._value_bytes = found.value_bytes
         self.counters.recovered_objects = found.objects
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
-        for record in self._index.records():
-            if self.arena.is_pinned(record):
-                self._hold(self.arena.read_record(record).key, record,
-                           self.arena.segment_of(record))
+        for record in found.pinned:
+            self._hold(self.arena.read_record(record).key, record, self.arena.segment_of(record))
         log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d",
                  found.objects, len(found.spans), found.dropped_corrupt,
                  found.dropped_headers, found.dropped_pending)
