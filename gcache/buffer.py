@@ -17,7 +17,7 @@ from typing import Any
 from gcache.errors import InvalidRequest, WrongType
 
 
-def _is_tensor(obj: object) -> bool:
+def is_tensor(obj: object) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
@@ -35,7 +35,7 @@ def _tensor_view(tensor: Any, *, what: str) -> memoryview:
 
 
 def is_cuda_tensor(obj: object) -> bool:
-    return _is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
+    return is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
 
 
 def nbytes(buffer: Any) -> int:
@@ -69,7 +69,7 @@ def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryvie
     ``writable`` is asked, InvalidRequest (a ValueError) for a non-contiguous one. ``what``
     names the argument in the message.
     """
-    if _is_tensor(obj):
+    if is_tensor(obj):
         return _tensor_view(obj, what=what)
     if isinstance(obj, str):
         raise WrongType(f"{what} is a str; encode it to bytes first")

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from gcache.buffer import as_bytes, is_tensor, nbytes
 from gcache.errors import InvalidRequest
 from gcache.sdk import Client
 
@@ -58,9 +59,9 @@ class EncoderOutput(NamedTuple):
     @classmethod
     def of(cls, value: Any) -> EncoderOutput:
         """A tensor's dtype and shape; a plain buffer's length, as ``uint8``."""
-        if _is_tensor(value):
+        if is_tensor(value):
             return cls(str(value.dtype).removeprefix("torch."), tuple(value.shape))
-        return cls("uint8", (len(_flat(value)),))
+        return cls("uint8", (_size(value),))
 
 
 class EncoderCache:
@@ -95,11 +96,11 @@ class EncoderCache:
             raise InvalidRequest(f"put_many got {len(keys)} keys and {len(tensors)} tensors")
         names, values, groups = [], [], []
         for key, tensor in zip(keys, tensors, strict=True):
-            if (_is_tensor(tensor) and not tensor.is_contiguous()) or _size(tensor) == 0:
+            if (is_tensor(tensor) and not tensor.is_contiguous()) or _size(tensor) == 0:
                 raise InvalidRequest(f"the tensor for {key} is empty or not contiguous")
             # the bytes first: a reader who finds the descriptor finds them too
             names += [_value(key), _descriptor(key)]
-            values += [_flat(tensor), EncoderOutput.of(tensor).to_bytes()]
+            values += [as_bytes(tensor, writable=False), EncoderOutput.of(tensor).to_bytes()]
             groups += [key, key]
         stored = self.client.batch_put(names, values, group=groups, content_addressed=True)
         return [stored[2 * i] and stored[2 * i + 1] for i in range(len(keys))]
@@ -127,8 +128,8 @@ class EncoderCache:
             raise InvalidRequest(f"get_into_many got {len(keys)} keys and {len(outs)} outs")
         descriptors = [bytearray(DESCRIPTOR_BYTES) for _ in keys]
         names = [k for key in keys for k in (_descriptor(key), _value(key))]
-        targets = [t for pair in zip(descriptors, (_flat(o) for o in outs), strict=True)
-                   for t in pair]
+        targets = [t for pair in zip(descriptors, (as_bytes(o, writable=True) for o in outs),
+                                     strict=True) for t in pair]
         try:
             got = self.client.batch_get_into(names, targets,
                                              group=[key for key in keys for _ in range(2)])
@@ -151,15 +152,28 @@ class EncoderCache:
 
     def get(self, key: str, *, device: Any = "cpu") -> Any:
         """The output of ``key`` as a new tensor on ``device``; None on a miss."""
+        return self.get_many([key], device=device)[0]
+
+    def get_many(self, keys: Sequence[str], *, device: Any = "cpu") -> list[Any]:
+        """``get`` of each of ``keys``: their descriptors in one batch, then the outputs found
+        in another, each into a new tensor on ``device``; None for a miss."""
         import torch
-        found = self.describe(key)
-        if found is None:
-            return None
-        dtype = getattr(torch, found.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            return None
-        tensor = torch.empty(found.shape, dtype=dtype, device=device)
-        return tensor if self.get_into(key, tensor) else None
+        if not keys:
+            return []
+        raws = self.client.batch_get([_descriptor(k) for k in keys], group=list(keys))
+        out: list[Any] = [None] * len(keys)
+        for i, raw in enumerate(raws):
+            found = None if raw is None else EncoderOutput.from_bytes(raw)
+            dtype = None if found is None else getattr(torch, found.dtype, None)
+            if found is not None and isinstance(dtype, torch.dtype):
+                out[i] = torch.empty(found.shape, dtype=dtype, device=device)
+        asked = [i for i, tensor in enumerate(out) if tensor is not None]
+        got = self.get_into_many([keys[i] for i in asked],
+                                 [out[i] for i in asked]) if asked else []
+        for i, ok in zip(asked, got, strict=True):
+            if not ok:
+                out[i] = None
+        return out
 
 
 def _value(key: str) -> str:
@@ -170,21 +184,6 @@ def _descriptor(key: str) -> str:
     return f"{key}/d"
 
 
-def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
-
-
-def _flat(value: Any) -> Any:
-    """A tensor as flat bytes, a view (the SDK moves uint8 host and device buffers alike); a
-    host buffer as a flat byte view."""
-    if not _is_tensor(value):
-        return memoryview(value).cast("B")
-    import torch  # the caller has it: it passed a tensor
-    return value.reshape(-1).view(torch.uint8)
-
-
 def _size(value: Any) -> int:
-    if _is_tensor(value):
-        n_bytes: int = value.numel() * value.element_size()
-        return n_bytes
-    return len(_flat(value))
+    """Bytes of a tensor (host or GPU) or of a host buffer."""
+    return nbytes(as_bytes(value, writable=False))

@@ -29,7 +29,6 @@ back to the encoder. The window is one step; the connector logs which item it wa
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +72,6 @@ class GCacheECConnector(ECConnectorBase):
                                   getattr(multimodal, "mm_processor_kwargs", None) or {}}
         self._found: dict[str, bool] = {}     # scheduler: this step's answers
         self._to_load: list[str] = []
-        self._lock = threading.Lock()
         self.counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0, "saves": 0,
                          "save_failures": 0}
 
@@ -111,11 +109,9 @@ class GCacheECConnector(ECConnectorBase):
     def start_load_caches(self, encoder_cache: dict[str, Any], **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, GCacheECMetadata)
-        device = self._device()
-        for identifier in meta.loads:
-            if identifier in encoder_cache:
-                continue
-            tensor = self.cache.get(self.key(identifier), device=device)
+        wanted = [i for i in meta.loads if i not in encoder_cache]
+        got = self.cache.get_many([self.key(i) for i in wanted], device=self._device())
+        for identifier, tensor in zip(wanted, got, strict=True):    # two requests in all
             if tensor is None:
                 self.counters["load_misses"] += 1
                 log.error("gcache: the encoder output of %s was found by the scheduler but is "
