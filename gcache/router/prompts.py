@@ -81,19 +81,26 @@ def _chat_tokens(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     if not isinstance(messages, list) or not messages or \
             not all(isinstance(m, dict) and "role" in m for m in messages):
         raise InvalidRequest("'messages' must be a non-empty list of objects with a 'role'")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
+    if not isinstance(body.get("chat_template_kwargs") or {}, dict):
         raise InvalidRequest("'chat_template_kwargs' must be an object")
-    continue_final = bool(body.get("continue_final_message", False))
     try:
-        text = tokenizer.apply_chat_template(
-            [_plain(m) for m in messages], tokenize=False,
-            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-            continue_final_message=continue_final,
-            chat_template=body.get("chat_template"), **kwargs)
+        return _rendered(tokenizer, body, messages,
+                         add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                         continue_final_message=bool(body.get("continue_final_message", False)))
     except Exception as exc:     # a template raises what it likes (jinja2's TemplateError...)
         raise InvalidRequest(f"the messages cannot be rendered with the model's chat "
                              f"template: {type(exc).__name__}: {exc}") from exc
+
+
+def _rendered(tokenizer: Any, body: dict[str, Any], messages: list[dict[str, Any]], *,
+              add_generation_prompt: bool, continue_final_message: bool) -> list[int]:
+    """``messages`` through the chat template and the tokenizer, with ``body``'s template,
+    template kwargs and special-tokens choice, as the engine renders a chat request."""
+    text = tokenizer.apply_chat_template(
+        [_plain(m) for m in messages], tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template=body.get("chat_template"), **(body.get("chat_template_kwargs") or {}))
     special = body.get("add_special_tokens", False)
     return list(tokenizer(text, add_special_tokens=bool(special))["input_ids"])
 
@@ -105,18 +112,13 @@ def lookup_tokens(tokenizer: Any, path: str, body: dict[str, Any],
     first media part."""
     messages = body.get("messages") if path.endswith("/chat/completions") else None
     before = _before_media(messages) if isinstance(messages, list) else None
-    if before is None:
-        return tokens
-    kwargs = body.get("chat_template_kwargs") or {}
-    special = body.get("add_special_tokens", False)
+    if not before:
+        return tokens if before is None else []
     try:
-        head = tokenizer.apply_chat_template(
-            [_plain(m) for m in before], tokenize=False, add_generation_prompt=False,
-            continue_final_message=bool(before), chat_template=body.get("chat_template"),
-            **kwargs) if before else ""
+        known = _rendered(tokenizer, body, before, add_generation_prompt=False,
+                          continue_final_message=True)
     except Exception:           # a template that will not end mid-conversation: no tokens
         return []
-    known = list(tokenizer(head, add_special_tokens=bool(special))["input_ids"])
     same = 0
     while same < min(len(known), len(tokens)) and known[same] == tokens[same]:
         same += 1
