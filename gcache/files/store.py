@@ -54,6 +54,7 @@ DEFAULT_CHUNK_SIZE = (16 << 20) - (64 << 10)
 BATCH_BYTES = 64 << 20            # bytes one batch of chunk puts or gets moves at most
 PLACEMENT_ATTEMPTS = 256          # per extra copy; with n servers each try is new with p>=1/n
 MAX_SMALL_COPIES = 4              # copies of a name or manifest a reader looks for at most
+NAME_PREFIX, MANIFEST_PREFIX = "file/n/", "file/m/"
 
 
 def chunk_key(digest: str) -> str:
@@ -79,9 +80,6 @@ def name_key(name: str) -> str:
     if not name:
         raise InvalidRequest("a file name is empty")
     return NAME_PREFIX + xxhash.xxh3_128_hexdigest(name.encode())
-
-
-NAME_PREFIX, MANIFEST_PREFIX = "file/n/", "file/m/"
 
 
 class FileNotStored(GCacheError):
@@ -417,7 +415,6 @@ class FileStore:
                     missing.append((i, view))
         return missing
 
-
     # ---- listing --------------------------------------------------------------------------------
 
     def manifests(self, prefix: str = "") -> list[Manifest]:
@@ -451,10 +448,12 @@ class FileStore:
         return [value if value is not None else self._get_small(key)
                 for key, value in zip(keys, got, strict=True)]
 
+    # Last in the class: below it, ``list`` in an annotation would name this method.
     def list(self, prefix: str = "") -> list[str]:
         """The names of the files stored under ``prefix``, sorted (a directory's files and its
         index alike); names whose every copy is on servers that do not answer are missing."""
         return [m.name for m in self.manifests(prefix)]
+
 
 def host_cache_client(client: Client) -> Client | None:
     """A ``Client`` of the first server ``client`` reaches over shared memory (this host's),
