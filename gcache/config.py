@@ -77,6 +77,8 @@ class ServerConfig:
     io_size: int = 1 * MiB                  # bytes moved by one socket IO at most
     max_value_size: int = 1 * GiB           # bytes; larger values are refused
     lease_ttl_s: float = 5.0                # a read lease or pending write pins for this long
+    unreachable_sweep_s: float = 10.0       # seconds between counts of the values that can no
+                                            # longer hit (STAT's unreachable_bytes)
     max_connections: int = 1024             # concurrent authenticated client connections
     max_unauthenticated: int = 64           # connections yet to AUTH; the oldest goes first
     auth_timeout_s: float = 5.0             # seconds a connection has to authenticate
@@ -129,6 +131,8 @@ class ServerConfig:
                "must be between 4KiB and 64MiB")
         _check("max_value_size", self.max_value_size, self.max_value_size >= 1, "must be positive")
         _check("lease_ttl_s", self.lease_ttl_s, self.lease_ttl_s > 0, "must be positive")
+        _check("unreachable_sweep_s", self.unreachable_sweep_s, self.unreachable_sweep_s > 0,
+               "must be positive")
         _check("max_connections", self.max_connections, self.max_connections >= 1,
                "must be positive")
         _check("max_unauthenticated", self.max_unauthenticated, self.max_unauthenticated >= 1,

@@ -41,6 +41,32 @@ FLAG_CONTENT_ADDRESSED = 0x08
 # in memory, never evicted nor demoted by KV traffic, until it is deleted or put again, within
 # the server's pin budget (past it the put is NO_SPACE). LIST lists these keys.
 FLAG_PINNED = 0x10
+# PUT / BATCH_PUT / ALLOC flag: each key names its prefix parent, the object that must be held
+# for this one to be of any use (a KV page's previous page, a window tail's page): the key field
+# of each key is ``key || parent || u8 len(parent)`` (``with_parent``), parent 0..PARENT_MAX
+# bytes, none when 0. The server keeps the parent in the record and, when it reclaims memory,
+# gives no second chance to a value whose parent it no longer holds (``docs/protocol.md``).
+# Servers that take it say ``"parents": true`` in HELLO; a client sends it to no other.
+FLAG_PARENT = 0x20
+PARENT_MAX = 63          # a parent's bytes fit the 6 spare bits of the record's read byte
+
+
+def with_parent(key: bytes, parent: bytes) -> bytes:
+    """The key field of a ``FLAG_PARENT`` request for ``key`` whose parent is ``parent``."""
+    if len(parent) > PARENT_MAX:
+        raise ProtocolError(f"a parent key is {len(parent)} bytes; at most {PARENT_MAX}")
+    return key + parent + bytes((len(parent),))
+
+
+def split_parent(field: bytes) -> tuple[bytes, bytes]:
+    """(key, parent) from a ``FLAG_PARENT`` key field; raises ProtocolError naming what is
+    wrong."""
+    n = field[-1] if field else 0
+    if not field or n > PARENT_MAX or n + 2 > len(field):
+        raise ProtocolError(f"a FLAG_PARENT key field of {len(field)} bytes declares a "
+                            f"{n}-byte parent; it must end with the parent's length "
+                            f"(0..{PARENT_MAX}) after a key of at least one byte")
+    return field[:len(field) - 1 - n], field[len(field) - 1 - n:-1]
 
 
 class Op(enum.IntEnum):

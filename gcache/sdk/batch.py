@@ -19,7 +19,7 @@ from typing import Any, TypeVar, overload
 
 from gcache.buffer import nbytes
 from gcache.errors import ConnectionLost, IOTimeout, TransportError
-from gcache.frame import Status
+from gcache.frame import FLAG_PARENT, Status, with_parent
 from gcache.keys import group_hash
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Groups, Miss
@@ -45,25 +45,48 @@ Item = TypeVar("Item")
 # A server's link held between a batch's phases, its keys' indices and their first-phase items
 # (``MISS`` for each key whose CUDA buffer found no staging).
 Held = tuple[Link, list[int], Sequence[Item | Miss]]
+# Per key, the keys any of which, held by its server, shows the key's prefix is there (None: no
+# parents given).
+Parents = Sequence[Sequence[bytes]] | None
 
 
 def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups, *,
-              chunk: int = PUT_CHUNK_KEYS, flags: int = 0) -> list[bool]:
+              chunk: int = PUT_CHUNK_KEYS, flags: int = 0,
+              parents: Parents = None) -> list[bool]:
     """Store ``keys``, ``chunk`` at a time. Over shared memory or NIXL a value must be copied
     within the write window (half the server's lease TTL) counted from its ALLOC: one phase
     of thousands of ALLOCs before the first copy let the window of the first ones pass (a
     3000-key batch under a 1 s TTL on a busy machine). Values whose window passed all the
-    same (a machine busy enough) are put once more, in chunks an eighth the size."""
+    same (a machine busy enough) are put once more, in chunks an eighth the size.
+    ``parents``: per key, the candidates for its parent (``wire_keys``)."""
     if len(keys) <= chunk:
-        return _batch_put(d, keys, values, group, chunk, flags)
+        return _batch_put(d, keys, values, group, chunk, flags, parents)
     return [ok for start in range(0, len(keys), chunk)
             for ok in _batch_put(d, keys[start:start + chunk], values[start:start + chunk],
                                  d.groups_of(group, range(start, min(start + chunk, len(keys)))),
-                                 chunk, flags)]
+                                 chunk, flags,
+                                 None if parents is None else parents[start:start + chunk])]
+
+
+def wire_keys(d: Dispatcher, address: str | None, keys: list[bytes],
+              parents: Sequence[Sequence[bytes]] | None, group: bytes | None,
+              flags: int) -> tuple[list[bytes], int]:
+    """The key fields and flags of a put of ``keys`` (all of one ``group``) to ``address``.
+    Each key's parent is the first of its candidates that ``address`` owns too under the
+    same group: a server can only tell whether a parent it would hold is gone. None when no
+    candidate is, or the server does not take parents (its HELLO did not say so)."""
+    if not parents or address is None or not d.routes.takes_parents(address):
+        return keys, flags
+    owners = d.owners(group)
+    chosen = [next((p for p in candidates if owners(p) == address), b"")
+              for candidates in parents]
+    if not any(chosen):
+        return keys, flags
+    return [with_parent(k, p) for k, p in zip(keys, chosen)], flags | FLAG_PARENT
 
 
 def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups,
-               chunk: int, flags: int) -> list[bool]:
+               chunk: int, flags: int, parents: Parents) -> list[bool]:
     results = [False] * len(keys)
 
     def start(address: str | None, idx: list[int]) -> Held[WriteItem] | None:
@@ -71,10 +94,12 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
         link = d.acquire(address, len(idx))
         if isinstance(link, Miss):
             return None
-        placement = group_hash(d.group_at(group, idx[0]))     # the request's one group
+        named = d.group_at(group, idx[0])             # the request's one group
+        wired, wire_flags = wire_keys(d, address, [keys[i] for i in idx],
+                                      None if parents is None else [parents[i] for i in idx],
+                                      named, flags)
         items = _started(d, link, len(idx), lambda ch: link.exchange.start_writes(
-            ch, [keys[i] for i in idx], [values[i] for i in idx], group=placement,
-            flags=flags))
+            ch, wired, [values[i] for i in idx], group=group_hash(named), flags=wire_flags))
         if isinstance(items, Miss):
             return None
         if not any(isinstance(item, Extent) for item in items):
@@ -110,7 +135,8 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Group
     d.parallel([partial(commit, *h) for h in held])
     if late:
         again = batch_put(d, [keys[i] for i in late], [values[i] for i in late],
-                          d.groups_of(group, late), chunk=chunk // 8, flags=flags)
+                          d.groups_of(group, late), chunk=chunk // 8, flags=flags,
+                          parents=None if parents is None else [parents[i] for i in late])
         for i, ok in zip(late, again):
             results[i] = ok
     return results

@@ -32,7 +32,7 @@ from typing import Any
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
-from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX
+from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX, PARENT_MAX
 from gcache.keys import MAX_KEY_BYTES, KeyLike, group_hash, validate_key
 from gcache.master_client import MasterClient, parse_masters
 from gcache.sdk import batch, protocol
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # A batch's ``group``: one for every key, or a list or tuple of one per key (None: that key
 # placed by itself).
 BatchGroup = KeyLike | None | Sequence[KeyLike | None]
+ParentLike = KeyLike | Sequence[KeyLike] | None     # a parent key, or candidates for it
 
 
 class Client:
@@ -145,7 +146,8 @@ class Client:
     # ---- single-key operations ----------------------------------------------------------------
 
     def put(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
-            content_addressed: bool = False, pinned: bool = False) -> bool:
+            content_addressed: bool = False, pinned: bool = False,
+            parent: ParentLike = None) -> bool:
         """Store ``value`` under ``key``; False when it could not be stored (counted).
 
         ``content_addressed``: the key names this value (a hash of it, or of what it was
@@ -156,23 +158,35 @@ class Client:
         ``pinned``: the server keeps the value in memory, never evicted by other traffic,
         until it is deleted or put again (``gcache.files`` pins a file's parts); within the
         server's pin budget (``--pin-share``), past which the put is refused (False).
+
+        ``parent``: the key (or candidate keys, any of which will do) that this value is of
+        no use without, in the same ``group``: a KV page's previous page, a window tail's
+        page. The server that holds the value keeps the first candidate it also owns with
+        it, and gives the value no second chance in memory once that parent is gone
+        (``docs/protocol.md``, FLAG_PARENT); keys of at most 63 bytes.
         """
         return self._put(validate_key(key), self._value(value), self._group(group),
-                         _flags(content_addressed, pinned))
+                         _flags(content_addressed, pinned), _parent(parent, "parent"))
 
     def put_async(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
-                  content_addressed: bool = False, pinned: bool = False) -> Future[bool]:
+                  content_addressed: bool = False, pinned: bool = False,
+                  parent: ParentLike = None) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
         return self._d.submit(self._put, raw, view, self._group(group),
-                              _flags(content_addressed, pinned))
+                              _flags(content_addressed, pinned), _parent(parent, "parent"))
 
-    def _put(self, key: bytes, value: Any, group: bytes | None, flags: int) -> bool:
+    def _put(self, key: bytes, value: Any, group: bytes | None, flags: int,
+             parent: list[bytes] | None = None) -> bool:
         self._stats.request("put")
 
         placement = group_hash(group)
-        status = batch.call_staged(self._d, self._d.owner(key, group),
-                                   lambda x, ch: x.write(ch, key, value, group=placement,
-                                                         flags=flags))
+        address = self._d.owner(key, group)
+        (wired,), wire_flags = batch.wire_keys(self._d, address, [key],
+                                               None if parent is None else [parent], group,
+                                               flags)
+        status = batch.call_staged(self._d, address,
+                                   lambda x, ch: x.write(ch, wired, value, group=placement,
+                                                         flags=wire_flags))
         return put_outcome(self._stats, status, nbytes(value))
 
     def get(self, key: KeyLike, *, group: KeyLike | None = None) -> bytes | None:
@@ -229,13 +243,19 @@ class Client:
 
     def batch_put(self, keys: Sequence[KeyLike], values: Sequence[Any], *,
                   group: BatchGroup = None, content_addressed: bool = False,
-                  pinned: bool = False) -> list[bool]:
+                  pinned: bool = False,
+                  parents: Sequence[ParentLike] | None = None) -> list[bool]:
+        """``put`` of each key; ``parents``: one ``parent`` per key (None for none)."""
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(values):
             raise InvalidRequest(f"batch_put got {len(raw)} keys and {len(values)} values")
+        if parents is not None and len(parents) != len(raw):
+            raise InvalidRequest(f"batch_put got {len(parents)} parents for {len(raw)} keys")
         views = [self._value(v, f"values[{i}]") for i, v in enumerate(values)]
+        candidates = None if parents is None else \
+            [_parent(p, f"parents[{i}]") or [] for i, p in enumerate(parents)]
         return batch.batch_put(self._d, raw, views, self._groups(group, len(raw)),
-                               flags=_flags(content_addressed, pinned))
+                               flags=_flags(content_addressed, pinned), parents=candidates)
 
     def batch_get(self, keys: Sequence[KeyLike], *, group: BatchGroup = None) -> list[bytes | None]:
         raw = [validate_key(k) for k in keys]
@@ -334,6 +354,23 @@ class Client:
         futures = {a: self._d.submit(self._d.call, a, protocol.stat) for a in self._d.addresses()}
         return {a: (None if isinstance(stat := f.result(), Miss) else stat)
                 for a, f in futures.items()}
+
+
+def _parent(parent: ParentLike, what: str) -> list[bytes] | None:
+    """A ``parent`` argument as its candidate keys (None for none); InvalidRequest naming
+    ``what`` for a key that is empty, not a key, or longer than ``PARENT_MAX``."""
+    if parent is None:
+        return None
+    candidates = [parent] if isinstance(parent, (str, bytes, bytearray, memoryview)) \
+        else list(parent)
+    out = []
+    for candidate in candidates:
+        raw = validate_key(candidate)
+        if len(raw) > PARENT_MAX:
+            raise InvalidRequest(f"{what} {raw[:80]!r} is {len(raw)} bytes; a parent key is at "
+                                 f"most {PARENT_MAX}")
+        out.append(raw)
+    return out
 
 
 def _flags(content_addressed: bool, pinned: bool = False) -> int:

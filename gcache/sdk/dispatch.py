@@ -123,6 +123,10 @@ class Dispatcher:
     def owner(self, key: bytes, group: bytes | None) -> str | None:
         return self._owners(group)(key)
 
+    def owners(self, group: bytes | None) -> Callable[[bytes], str | None]:
+        """Key -> owner address for keys of ``group``, under one snapshot of the map."""
+        return self._owners(group)
+
     def _owners(self, group: bytes | None) -> Callable[[bytes], str | None]:
         """Key -> owner address under one snapshot of the map; a group's slots are placed once."""
         return self._placed.owners(0 if group is None else key_hash(group))

@@ -66,6 +66,7 @@ class Routes:
         self._route: dict[str, tuple[str, str]] = {}  # address -> (kind, unix socket path)
         self._logged: set[tuple[str, str]] = set()
         self._shm: dict[str, ShmExchange] = {}        # address -> its arena's exchange
+        self._takes_parents: set[str] = set()          # servers whose HELLO said "parents"
         self._tcp_exchange = TcpExchange(io_size=io_size, staging=staging)
         self._nixl = NixlPeers(io_size=io_size, timeout_s=timeout_s,
                                in_flight=transfers_in_flight, devices=nixl_devices,
@@ -91,6 +92,18 @@ class Routes:
         found: list[dict[str, Any]] = []
         conn = self._tcp(address, facts=found)
         return self._link(address, kind, conn, found[0])
+
+    def takes_parents(self, address: str) -> bool:
+        """Whether the server said in HELLO that it keeps parents (``FLAG_PARENT``)."""
+        with self._lock:
+            return address in self._takes_parents
+
+    def _note(self, address: str, facts: dict[str, Any]) -> None:
+        with self._lock:
+            if facts.get("parents") is True:
+                self._takes_parents.add(address)
+            else:                           # a server restarted on an older version
+                self._takes_parents.discard(address)
 
     def forget(self, address: str) -> None:
         with self._lock:
@@ -151,8 +164,10 @@ class Routes:
         conn = connect(address, timeout_s=self._timeout_s, io_size=self._io_size)
         try:
             payload, _ = handshake(conn, self._timeout_s, self._token)
+            found = parse_facts(payload)
+            self._note(address, found)
             if facts is not None:
-                facts.append(parse_facts(payload))
+                facts.append(found)
         except BaseException:
             conn.close()
             raise
@@ -219,6 +234,7 @@ class Routes:
             facts = parse_facts(payload)
             if facts.get("arena_id") is None or facts.get("arena_bytes") is None:
                 raise ProtocolError(f"{address} sent no arena facts with its descriptor")
+            self._note(address, facts)
         except ProtocolError:
             for fd in fds:
                 close_fd(fd)

@@ -62,10 +62,14 @@ log = logging.getLogger(__name__)
 ARENA_DIR = "/dev/shm"
 
 # magic, state, read byte (``READ_BIT``: leased since written; ``PINNED_BIT``: put pinned;
-# outside the check, so marking it rewrites nothing, and a flipped bit there can only keep a
-# value in memory or let it go, never change what it reads as), key_len, length, checksum, seq,
-# group (xxh3_64 of the placement group the key was put with; 0 for none: a draining server
-# needs it to find each key's owner), header check (``header_check``).
+# both outside the check, so marking them rewrites nothing, and a flipped bit there can only
+# keep a value in memory or let it go, never change what it reads as; its top six bits the
+# length of the parent key, ``PARENT_SHIFT``, which the check covers), key_len, length,
+# checksum, seq, group (xxh3_64 of the placement group the key was put with; 0 for none: a
+# draining server needs it to find each key's owner), header check (``header_check``). The key
+# follows the header, then the parent key (``FLAG_PARENT``: the object this one's use depends
+# on), then, aligned, the value. A record without a parent is laid out and checked exactly as
+# before parents existed, so arenas written before them are read as they were.
 
 RECORD = struct.Struct("<IBBHQQQQQ")
 RECORD_MAGIC = 0x33424F47            # b"GOB3" (b"GOB2" had no header check, b"GOBJ" no group)
@@ -77,6 +81,7 @@ STATE_PENDING, STATE_COMMITTED, STATE_TOMBSTONE = 1, 2, 3
 # a restart can never take an older version for the current one.
 STATE_SUPERSEDED = 4
 READ_BIT, PINNED_BIT = 0x01, 0x02
+PARENT_SHIFT = 2                     # the read byte's bits from here: the parent key's length
 _LENGTH = struct.Struct("<Q")        # a record's length (at 8) or sequence number (at 24)
 SEGMENT = struct.Struct("<IIQQQ")    # magic, span, claim record seq, age, check
 SEGMENT_MAGIC = 0x32475347           # b"GSG2" (b"GSEG" had one copy and no check)
@@ -87,7 +92,7 @@ PAGE = 4096
 
 
 def header_check(secret: bytes, state: int, key: bytes | memoryview, length: int, checksum: int,
-                 seq: int, group: int) -> int:
+                 seq: int, group: int, parent: bytes | memoryview = b"") -> int:
     """A keyed hash (BLAKE2b, 8 bytes) of a record's fields and key, for the state the record is
     meant to reach. Keyed, because recovery looks for records among bytes that earlier values
     left behind: a client that stored a forged header inside a value must not be able to make
@@ -95,6 +100,9 @@ def header_check(secret: bytes, state: int, key: bytes | memoryview, length: int
     hasher = hashlib.blake2b(_CHECKED.pack(state, len(key), length, checksum, seq, group),
                              digest_size=8, key=secret, person=b"gcache-record")
     hasher.update(key)
+    if parent:                  # its length too: the read byte holding it is not checked else
+        hasher.update(bytes((len(parent),)))
+        hasher.update(parent)
     return int.from_bytes(hasher.digest(), "little")
 
 
@@ -146,13 +154,19 @@ def load_or_create_secret(arena_path: str, *, attached: bool) -> bytes:
     return secret
 
 
-def record_size(key_len: int, length: int) -> int:
-    """Bytes a record of this key and value occupies, value start aligned to ``ALIGN``."""
-    return _align(_align(RECORD.size + key_len) + length)
+def record_size(names_len: int, length: int) -> int:
+    """Bytes a record occupies whose key and parent key take ``names_len`` bytes together and
+    whose value takes ``length``, the value start aligned to ``ALIGN``."""
+    return _align(_align(RECORD.size + names_len) + length)
 
 
-def value_offset(record_offset: int, key_len: int) -> int:
-    return record_offset + _align(RECORD.size + key_len)
+def value_offset(record_offset: int, names_len: int) -> int:
+    """Where the value of a record starts (``names_len``: its key's and parent's bytes)."""
+    return record_offset + _align(RECORD.size + names_len)
+
+
+def parent_len(read_byte: int) -> int:
+    return read_byte >> PARENT_SHIFT
 
 
 def _align(n: int) -> int:
@@ -167,6 +181,7 @@ class RecordFields(NamedTuple):     # a tuple: a frozen dataclass took 1.5 us to
     group: int
     state: int
     read: bool           # leased since it was written (``mark_read``)
+    parent: bytes = b""  # the key this one's use depends on (``FLAG_PARENT``); b"" for none
 
 
 NEVER_WRITTEN = -(1 << 62)
@@ -477,15 +492,20 @@ class Arena:
 
     def write_record_header(self, offset: int, *, state: int, key: bytes, length: int,
                             checksum: int, seq: int, group: int = 0,
-                            final_state: int | None = None, pinned: bool = False) -> None:
-        """Write a record header and key. ``final_state`` is the state ``set_record_state``
-        will flip it to (the header check covers that one); default ``state``. ``pinned``:
-        the value is kept in memory against eviction (``PINNED_BIT``)."""
+                            final_state: int | None = None, pinned: bool = False,
+                            parent: bytes = b"") -> None:
+        """Write a record header, key and parent key (the space is ``record_size`` of both).
+        ``final_state`` is the state ``set_record_state`` will flip it to (the header check
+        covers that one); default ``state``. ``pinned``: the value is kept in memory against
+        eviction (``PINNED_BIT``)."""
         check = header_check(self.secret, state if final_state is None else final_state, key,
-                             length, checksum, seq, group)
-        RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, PINNED_BIT if pinned else 0,
+                             length, checksum, seq, group, parent)
+        read = (PINNED_BIT if pinned else 0) | len(parent) << PARENT_SHIFT
+        RECORD.pack_into(self.view, offset, RECORD_MAGIC, state, read,
                          len(key), length, checksum, seq, group, check)
-        self.view[offset + RECORD.size:offset + RECORD.size + len(key)] = key
+        start = offset + RECORD.size
+        self.view[start:start + len(key)] = key
+        self.view[start + len(key):start + len(key) + len(parent)] = parent
 
     def set_record_state(self, offset: int, state: int) -> None:
         self.view[offset + 4] = state
@@ -508,8 +528,20 @@ class Arena:
     def read_record(self, offset: int) -> RecordFields:
         _, state, read, key_len, length, checksum, seq, group, _ = \
             RECORD.unpack_from(self.view, offset)
-        key = bytes(self.view[offset + RECORD.size:offset + RECORD.size + key_len])
-        return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT))
+        start = offset + RECORD.size
+        key = bytes(self.view[start:start + key_len])
+        parent = bytes(self.view[start + key_len:start + key_len + parent_len(read)])
+        return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT),
+                            parent)
+
+    def parent_of(self, offset: int) -> bytes:
+        """The parent key of the record at ``offset`` (b"" for none)."""
+        view = self.view
+        n = parent_len(view[offset + 5])
+        if not n:
+            return b""
+        start = offset + RECORD.size + (view[offset + 6] | view[offset + 7] << 8)
+        return bytes(view[start:start + n])
 
     def record_length(self, offset: int) -> int:
         length: int = _LENGTH.unpack_from(self.view, offset + 8)[0]

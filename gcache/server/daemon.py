@@ -59,6 +59,7 @@ class HelloFacts(TypedDict):
     io_size: int
     max_value_size: int
     lease_ttl_ms: int
+    parents: bool                  # takes FLAG_PARENT (a client sends it to no other server)
     nixl: NotRequired[NixlFact]    # only when the arena is offered over NIXL
 
 
@@ -82,7 +83,7 @@ class DataServer:
             "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
             "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
             "max_value_size": config.max_value_size,
-            "lease_ttl_ms": int(config.lease_ttl_s * 1000)}
+            "lease_ttl_ms": int(config.lease_ttl_s * 1000), "parents": True}
         self._nixl: NixlAgent | None = None
         if config.nixl:
             from gcache.server.nixl_offer import offer_arena
@@ -103,7 +104,8 @@ class DataServer:
 
     def start(self) -> None:
         loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None)),
-                 ("gcache-reaper", self._reap_loop)]
+                 ("gcache-reaper", self._reap_loop),
+                 ("gcache-unreachable", self._sweep_loop)]
         if (unix := self.unix_listener) is not None:
             loops.append(("gcache-accept-unix",
                           lambda: self._accept_loop(unix, self.tier.arena.fd)))
@@ -233,6 +235,14 @@ class DataServer:
             expired = self.tier.reap_expired()
             if expired:
                 log.warning("lease.expired count=%d", expired)
+
+    def _sweep_loop(self) -> None:
+        period_s = self.config.unreachable_sweep_s
+        while not self.stop.wait(period_s * random.uniform(0.8, 1.2)):
+            try:
+                self.tier.sweep_unreachable()
+            except Exception:             # the thread's top level: log, keep counting
+                log.exception("unreachable.sweep_failed")
 
     def _stat_extra(self) -> dict[str, object]:
         with self._lock:

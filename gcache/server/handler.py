@@ -33,6 +33,7 @@ from gcache.frame import (
     FLAG_CONTENT_ADDRESSED,
     FLAG_IN_PLACE,
     FLAG_NO_REPLY,
+    FLAG_PARENT,
     FLAG_PINNED,
     GET_ENTRY,
     HANDLE,
@@ -46,6 +47,7 @@ from gcache.frame import (
     auth_proof,
     decode_keys,
     encode_keys,
+    split_parent,
     unpack_header,
 )
 from gcache.keys import MAX_KEY_BYTES
@@ -179,18 +181,19 @@ class ConnectionHandler:
             n_bytes -= chunk
 
     def _recv_value(self, key: bytes, length: int, expected: int | None, group: int,
-                    flags: int) -> Status:
+                    flags: int, parent: bytes = b"") -> Status:
         """Receive a value into a fresh extent and commit it; the status for the reply.
 
         ``expected`` None means the checksum trails the value on the wire. ``group``: the
         request's ``group`` field, the placement-group hash (0: none), kept for a drain.
+        ``parent``: the key it hangs from (``FLAG_PARENT``), kept in its record.
         """
         trailer = TRAILER.size if expected is None else 0
         self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED),
                              group=group)
         try:
             handle, _, target = self.tier.alloc(key, length, expires=False, group=group,
-                                                pinned=bool(flags & FLAG_PINNED))
+                                                pinned=bool(flags & FLAG_PINNED), parent=parent)
         except NoSpace as exc:
             log.warning("put.no_space bytes=%d reason=%s", length, exc)
             self._drain(length + trailer)
@@ -231,7 +234,9 @@ class ConnectionHandler:
     def _put(self, h: Header, key: bytes) -> None:
         trails = bool(h.flags & FLAG_CHECKSUM_TRAILS)
         length = h.payload_len - TRAILER.size if trails else h.payload_len
-        status = self._recv_value(key, length, None if trails else h.checksum, h.group, h.flags)
+        key, parent = split_parent(key) if h.flags & FLAG_PARENT else (key, b"")
+        status = self._recv_value(key, length, None if trails else h.checksum, h.group, h.flags,
+                                  parent)
         BYTES_IN.inc(length)
         self._reply(h, status)
 
@@ -266,11 +271,13 @@ class ConnectionHandler:
         if h.length == 0 or h.length > self.config.max_value_size:
             self._reply(h, Status.TOO_LARGE if h.length else Status.BAD_REQUEST)
             return
+        key, parent = split_parent(key) if h.flags & FLAG_PARENT else (key, b"")
         self.mutable.written(key, content_addressed=bool(h.flags & FLAG_CONTENT_ADDRESSED),
                              group=h.group)
         try:
             handle, offset, target = self.tier.alloc(key, h.length, group=h.group,
-                                                     pinned=bool(h.flags & FLAG_PINNED))
+                                                     pinned=bool(h.flags & FLAG_PINNED),
+                                                     parent=parent)
         except NoSpace:
             self._reply(h, Status.NO_SPACE)
             return
@@ -444,27 +451,31 @@ class ConnectionHandler:
         for key_len, _, _ in entries:
             keys.append(bytes(keys_blob[pos:pos + key_len]))
             pos += key_len
+        named = [split_parent(k) for k in keys] if h.flags & FLAG_PARENT \
+            else [(k, b"") for k in keys]
         if values_len <= self.config.io_size:
-            statuses = self._put_received(h, keys, entries, values_len)
+            statuses = self._put_received(h, named, entries, values_len)
         else:
-            statuses = bytes(self._recv_value(key, length, expected, h.group, h.flags)
-                             for key, (_, length, expected) in zip(keys, entries, strict=True))
+            statuses = bytes(self._recv_value(key, length, expected, h.group, h.flags, parent)
+                             for (key, parent), (_, length, expected)
+                             in zip(named, entries, strict=True))
         BYTES_IN.inc(values_len)
         self._reply(h, Status.OK, payload=(statuses,), count=h.count)
 
-    def _put_received(self, h: Header, keys: list[bytes], entries: list[tuple[int, int, int]],
-                      values_len: int) -> bytes:
+    def _put_received(self, h: Header, named: list[tuple[bytes, bytes]],
+                      entries: list[tuple[int, int, int]], values_len: int) -> bytes:
         """A batch of small values (one IO's worth at most, as a peer may send anyway): one
         receive for them all, then the tier stores them together (``Tier.put_many``) instead
         of an ALLOC, a receive and a COMMIT each."""
         values = memoryview(self._recv_bytes(values_len))
         content_addressed = bool(h.flags & FLAG_CONTENT_ADDRESSED)
         items, pos = [], 0
-        for key, (_, length, expected) in zip(keys, entries, strict=True):
+        for (key, _), (_, length, expected) in zip(named, entries, strict=True):
             self.mutable.written(key, content_addressed=content_addressed, group=h.group)
             items.append((key, values[pos:pos + length], expected))
             pos += length
-        stored = self.tier.put_many(items, group=h.group, pinned=bool(h.flags & FLAG_PINNED))
+        stored = self.tier.put_many(items, group=h.group, pinned=bool(h.flags & FLAG_PINNED),
+                                    parents=[parent for _, parent in named])
         failed = [s for s in stored if s is not Stored.OK]
         if failed:
             log.warning("batch_put.refused peer=%s values=%d checksum_mismatch=%d no_space=%d",

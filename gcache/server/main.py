@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--io-size", dest="io_size", help="largest single IO, e.g. 1MiB")
     parser.add_argument("--max-value-size", dest="max_value_size", help="largest value")
     parser.add_argument("--lease-ttl", dest="lease_ttl_s", help="lease TTL in seconds")
+    parser.add_argument("--unreachable-sweep", dest="unreachable_sweep_s",
+                        help="seconds between counts of the values whose prefix is gone "
+                        "(STAT's unreachable_bytes; default 10)")
     parser.add_argument("--auth-timeout", dest="auth_timeout_s",
                         help="seconds a connection has to authenticate")
     parser.add_argument("--io-timeout", dest="io_timeout_s",

@@ -41,13 +41,16 @@ _COUNTERS = {"hits": "gcache_server_hits_total", "misses": "gcache_server_misses
              "checksum_failures": "gcache_server_checksum_failures_total",
              "evicted_objects": "gcache_server_evicted_objects_total",
              "evicted_segments": "gcache_server_evicted_segments_total",
-             "expired_pins": "gcache_server_expired_pins_total"}
+             "expired_pins": "gcache_server_expired_pins_total",
+             "unreachable_evicted": "gcache_server_unreachable_evicted_total"}
 _GAUGES = {"objects": "gcache_server_objects", "bytes": "gcache_server_value_bytes",
            "capacity_bytes": "gcache_server_capacity_bytes",
            "used_bytes": "gcache_server_used_bytes", "pins": "gcache_server_pins",
            "pinned_objects": "gcache_server_pinned_objects",
            "pinned_bytes": "gcache_server_pinned_bytes",
-           "pin_budget_bytes": "gcache_server_pin_budget_bytes"}
+           "pin_budget_bytes": "gcache_server_pin_budget_bytes",
+           "unreachable_objects": "gcache_server_unreachable_objects",
+           "unreachable_bytes": "gcache_server_unreachable_bytes"}
 
 
 class TierCollector(Collector):

@@ -35,6 +35,7 @@ from gcache.server.arena import (
     STATE_TOMBSTONE,
     Arena,
     header_check,
+    parent_len,
     read_segment_header,
     record_size,
     value_offset,
@@ -54,6 +55,7 @@ class Recovered:
     dropped_pending: int = 0
     dropped_headers: int = 0        # records whose header failed its check
     pinned: list[int] = field(default_factory=list)   # current pinned records (``PINNED_BIT``)
+    parents: bool = False           # a committed record names a parent (``FLAG_PARENT``)
 
 
 def scan(arena: Arena, table: RecordTable) -> Recovered:
@@ -105,14 +107,15 @@ def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable
                 break
             pos = found
             continue
-        state, key, length, stored, seq, _group, end = record
+        state, key, names_len, length, stored, seq, end = record
         out.max_seq = max(out.max_seq, seq)
         if state == STATE_COMMITTED:
-            value = value_offset(pos, len(key))
+            value = value_offset(pos, names_len)
             if checksum(view[value:value + length]) == stored:
                 hash_ = table.hash(key)
                 hashes.append(hash_)
                 _keep(arena, table, key, hash_, pos, seq)
+                out.parents = out.parents or names_len > len(key)
                 if arena.is_pinned(pos):
                     out.pinned.append(pos)        # current or not: told at the end
             else:
@@ -137,20 +140,23 @@ _CHECKED_AS = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
 
 def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
                  secret: bytes) -> tuple[int, bytes, int, int, int, int, int] | None:
-    """(state, key, length, checksum, seq, group, end) of a valid record at ``pos`` newer than
-    the span's claim, or None. A PENDING record may carry the check of either state: COMMIT
-    writes the committed check before it flips the state."""
-    magic, state, _, key_len, length, stored, seq, group, check = RECORD.unpack_from(view, pos)
-    end = pos + record_size(key_len, length)
+    """(state, key, key and parent bytes, length, checksum, seq, end) of a valid record at
+    ``pos`` newer than the span's claim, or None. A PENDING record may carry the check of
+    either state: COMMIT writes the committed check before it flips the state."""
+    magic, state, read, key_len, length, stored, seq, group, check = RECORD.unpack_from(view,
+                                                                                       pos)
+    names_len = key_len + parent_len(read)
+    end = pos + record_size(names_len, length)
     if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
         return None
     states = _CHECKED_AS.get(state)
     if states is None:
         return None
-    key = bytes(view[pos + RECORD.size:pos + RECORD.size + key_len])
+    start = pos + RECORD.size
+    key, parent = bytes(view[start:start + key_len]), view[start + key_len:start + names_len]
     for checked_as in states:
-        if header_check(secret, checked_as, key, length, stored, seq, group) == check:
-            return state, key, length, stored, seq, group, end
+        if header_check(secret, checked_as, key, length, stored, seq, group, parent) == check:
+            return state, key, names_len, length, stored, seq, end
     return None
 
 

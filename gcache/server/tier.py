@@ -32,6 +32,7 @@ about a value is read from its record's header when needed (``Entry``).
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import logging
@@ -55,6 +56,7 @@ from gcache.server.arena import (
     STATE_TOMBSTONE,
     Arena,
     Segment,
+    parent_len,
     record_size,
     value_offset,
 )
@@ -82,6 +84,16 @@ RESCUE_SEGMENTS = 16
 # over within a millisecond, evicting a value before its writer could read it back (the fault
 # suite's 8-segment arena). The demo's and the replay's arenas have 256 segments or more.
 RESCUE_FRACTION = 16
+
+
+class Rescued(NamedTuple):
+    """A value an eviction copied aside for a second chance (``_rescue``)."""
+
+    key: bytes
+    value: bytes
+    checksum: int
+    group: int
+    parent: bytes
 
 
 class Copied(NamedTuple):
@@ -113,6 +125,7 @@ class Entry:
     read: bool = False  # leased since it was (re-)appended: earns a second chance
     group: int = 0     # xxh3_64 of the placement group it was put with; 0 for none
     pinned: bool = False  # put pinned: its span is held in memory while it is current
+    parent: bytes = b""  # the key it hangs from (``FLAG_PARENT``); b"" for none
 
 
 @dataclass(slots=True)
@@ -141,6 +154,9 @@ class TierCounters:
     demoted_objects: int = 0       # written to the cold tier on their way out of memory
     promoted_objects: int = 0      # read back from the cold tier into memory
     second_chances: int = 0        # re-appended instead of demoted, because they were read
+    # read values that got no second chance because this server no longer held their parent
+    # (nothing below a missing page of a prefix can hit)
+    unreachable_evicted: int = 0
     whole_hashes: int = 0          # commits that hashed the whole value at COMMIT (its pieces
                                    # were not announced in order as they landed)
 
@@ -161,8 +177,13 @@ class HotTier:
         # so STAT (every ``gcache.kv`` pressure reading) never walks the index under the lock
         self._index = RecordTable(self.arena.holds_key)
         self._value_bytes = 0
-        # values an eviction copied aside for a second chance, until ``_rescue`` places them
-        self._rescued: deque[tuple[bytes, bytes, int, int]] = deque()
+        # values an eviction copied aside for a second chance, until ``_rescue`` places them,
+        # and how many of each key are in that queue (a parent waiting there is still held)
+        self._rescued: deque[Rescued] = deque()
+        self._rescuing: collections.Counter[bytes] = collections.Counter()
+        # a value with a parent was stored (or recovered): ``sweep_unreachable`` has work
+        self._parents_seen = False
+        self._unreachable = (0, 0)      # objects and bytes the last sweep found unreachable
         self._pins: dict[int, Pin] = {}
         self._pins_starved = False      # a wait for a pin ran out; none unpinned since
         # key -> record of the current pinned values; the spans they hold, in segments
@@ -180,6 +201,7 @@ class HotTier:
         self.arena.restore(found.spans, found.max_seq)
         self._value_bytes = found.value_bytes
         self.counters.recovered_objects = found.objects
+        self._parents_seen = found.parents
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
         for record in found.pinned:
             self._hold(self.arena.read_record(record).key, record, self.arena.segment_of(record))
@@ -191,27 +213,28 @@ class HotTier:
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
               wait_s: float = ALLOC_WAIT_S, group: int = 0,
-              pinned: bool = False) -> tuple[int, int, memoryview]:
+              pinned: bool = False, parent: bytes = b"") -> tuple[int, int, memoryview]:
         """Reserve space for ``key``; returns a write handle, the value's arena offset and its
         memory.
 
         ``expires=False`` is for a write the server itself drives to the end (a PUT frame): its
         connection's IO timeout bounds it, not the TTL. ``pinned``: once committed, the value
-        holds its span in memory (within the pin budget). Raises NoSpace (every candidate span
-        pinned, or the pin budget spent).
+        holds its span in memory (within the pin budget). ``parent``: the key this one's use
+        depends on (``FLAG_PARENT``). Raises NoSpace (every candidate span pinned, or the pin
+        budget spent).
         """
         with self._lock:
-            size = record_size(len(key), length)
+            size = record_size(len(key) + len(parent), length)
             if pinned:
                 self._check_pin_budget(size)
             head, record = self._allocate(size, wait_s)
             if pinned:                  # counted from now: writes in flight at once see it
                 self._count_hold(head)
-            entry = Entry(key, record, value_offset(record, len(key)), length, 0, head,
-                          group=group, pinned=pinned)
+            entry = Entry(key, record, value_offset(record, len(key) + len(parent)), length, 0,
+                          head, group=group, pinned=pinned, parent=parent)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
                                            checksum=0, seq=self.arena.next_record_seq(),
-                                           group=group, pinned=pinned)
+                                           group=group, pinned=pinned, parent=parent)
             handle = self._pin(entry, pending=True, expires=expires)
             self._pins[handle].hasher = checksum_stream()
             return handle, entry.value, self.arena.view[entry.value:entry.value + length]
@@ -292,7 +315,8 @@ class HotTier:
             self.arena.write_record_header(entry.record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=actual,
                                            seq=self.arena.next_record_seq(), group=entry.group,
-                                           final_state=STATE_COMMITTED, pinned=entry.pinned)
+                                           final_state=STATE_COMMITTED, pinned=entry.pinned,
+                                           parent=entry.parent)
             self.arena.set_record_state(entry.record, STATE_COMMITTED)
             self._point(entry.key, hash_, entry.record, entry.length, entry.head,
                         pinned=entry.pinned)
@@ -304,14 +328,16 @@ class HotTier:
         return True
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0, pinned: bool = False) -> list[Stored]:
+                 group: int = 0, pinned: bool = False,
+                 parents: Sequence[bytes] | None = None) -> list[Stored]:
         """Store small values the server holds whole already (a BATCH_PUT's payload): each
         (key, bytes, xxh3_64 the writer sent). Hashed before any lock is taken; then each
         goes into the arena with its header written once, straight as COMMITTED, after its
         bytes (a crash in between leaves a header that fails its check, never a visible
         record): a third of the per-key work of ALLOC, WRITE and COMMIT. The lock is let go
         every ``PUT_MANY_STRIDE`` values, so a large batch never holds up other readers for
-        long. ``pinned`` as for ``alloc``. Returns one ``Stored`` per value, in order."""
+        long. ``pinned`` as for ``alloc``, ``parents`` (one per value) as ``alloc``'s
+        ``parent``. Returns one ``Stored`` per value, in order."""
         out = [Stored.OK if checksum(value) == expected else Stored.MISMATCH
                for _, value, expected in values]
         committed: list[bytes] = []
@@ -323,7 +349,8 @@ class HotTier:
                         self.counters.checksum_failures += 1
                         continue
                     key, value, expected = values[i]
-                    if not self._store_whole(key, value, expected, group, wait_s, pinned):
+                    if not self._store_whole(key, value, expected, group, wait_s, pinned,
+                                             parents[i] if parents else b""):
                         out[i], wait_s = Stored.NO_SPACE, 0.0
                         continue
                     committed.append(key)
@@ -333,9 +360,9 @@ class HotTier:
         return out
 
     def _store_whole(self, key: bytes, value: memoryview, checksum_: int, group: int,
-                     wait_s: float, pinned: bool) -> bool:
+                     wait_s: float, pinned: bool, parent: bytes) -> bool:
         """One ``put_many`` value, under ``_lock``; False when there is no room."""
-        size = record_size(len(key), len(value))
+        size = record_size(len(key) + len(parent), len(value))
         try:
             if pinned:
                 self._check_pin_budget(size)
@@ -344,22 +371,23 @@ class HotTier:
             if pinned:
                 log.warning("put.refused pinned=1 bytes=%d reason=%s", len(value), exc)
             return False
-        self._write_committed(key, value, checksum_, group, head, record, pinned=pinned)
+        self._write_committed(key, value, checksum_, group, head, record, pinned=pinned,
+                              parent=parent)
         self.counters.puts += 1
         return True
 
     def _write_committed(self, key: bytes, value: bytes | memoryview, checksum_: int,
                          group: int, head: Segment, record: int, *,
-                         pinned: bool = False) -> None:
+                         pinned: bool = False, parent: bytes = b"") -> None:
         """A whole value into its allocated record, the header written once, straight as
         COMMITTED, after the bytes (a crash in between leaves a header that fails its check),
         and made ``key``'s (under ``_lock``)."""
-        start = value_offset(record, len(key))
+        start = value_offset(record, len(key) + len(parent))
         self.arena.view[start:start + len(value)] = value
         self.arena.write_record_header(record, state=STATE_COMMITTED, key=key,
                                        length=len(value), checksum=checksum_,
                                        seq=self.arena.next_record_seq(), group=group,
-                                       pinned=pinned)
+                                       pinned=pinned, parent=parent)
         self._point(key, self._index.hash(key), record, len(value), head, pinned=pinned)
 
     def abort(self, handle: int) -> None:
@@ -406,7 +434,8 @@ class HotTier:
                         else:
                             self.counters.misses += 1
                         continue
-                    _, _, _, key_len, length, checksum_, *_ = RECORD.unpack_from(view, record)
+                    _, _, read, key_len, length, checksum_, *_ = RECORD.unpack_from(view,
+                                                                                    record)
                     if length > budget_bytes:
                         copies.append(None)
                         left.append(i)
@@ -414,7 +443,7 @@ class HotTier:
                     budget_bytes -= length
                     self.counters.hits += 1
                     self.arena.mark_read(record)
-                    start = value_offset(record, key_len)
+                    start = value_offset(record, key_len + parent_len(read))
                     copies.append(Copied(bytes(view[start:start + length]), checksum_))
         return copies, left
 
@@ -502,6 +531,7 @@ class HotTier:
                    "pinned_objects": len(self._pinned),
                    "pinned_bytes": self._held_segments * self.arena.segment_size,
                    "pin_budget_bytes": self.pin_budget_bytes}
+            out["unreachable_objects"], out["unreachable_bytes"] = self._unreachable
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
             return out
 
@@ -545,6 +575,7 @@ class HotTier:
             self._hold(key, record, head)
         self._value_bytes += length
         head.hashes.append(hash_)
+        self._parents_seen = self._parents_seen or bool(parent_len(self.arena.view[record + 5]))
 
     # ---- pinned values ----------------------------------------------------------------------
 
@@ -596,11 +627,11 @@ class HotTier:
     def _entry_at(self, record: int) -> Entry:
         view = self.arena.view
         _, _, read, key_len, length, checksum_, _, group, _ = RECORD.unpack_from(view, record)
-        start = record + RECORD.size
+        start, names_len = record + RECORD.size, key_len + parent_len(read)
         return Entry(bytes(view[start:start + key_len]), record,
-                     value_offset(record, key_len), length, checksum_,
+                     value_offset(record, names_len), length, checksum_,
                      self.arena.segment_of(record), bool(read & READ_BIT), group,
-                     self.arena.is_pinned(record))
+                     self.arena.is_pinned(record), bytes(view[start + key_len:start + names_len]))
 
     def _span_bytes(self, head: Segment) -> tuple[int, int]:
         start = head.index * self.arena.segment_size
@@ -680,8 +711,17 @@ class HotTier:
         to a value acknowledged a moment before."""
         extra, most = 0, min(RESCUE_SEGMENTS, max(1, len(self.arena.segments) // RESCUE_FRACTION))
         while self._rescued:       # taken as placed: one segment's copies held at a time
-            key, value, checksum_, group = self._rescued.popleft()
-            size = record_size(len(key), len(value))
+            key, value, checksum_, group, parent = self._rescued.popleft()
+            self._rescuing[key] -= 1
+            if self._rescuing[key] <= 0:
+                del self._rescuing[key]
+            if not self._reachable(parent):
+                # Its parent went in this eviction (unread) or earlier: nothing below a
+                # missing page of a prefix can hit, so its room goes to values that can.
+                self.counters.unreachable_evicted += 1
+                self.counters.evicted_objects += 1
+                continue
+            size = record_size(len(key) + len(parent), len(value))
             placed = self.arena.allocate_open(size, fresh=False)
             if placed is None and extra < most:
                 extra += 1
@@ -692,7 +732,7 @@ class HotTier:
             if placed is None:
                 self.counters.evicted_objects += 1
                 continue
-            self._write_committed(key, value, checksum_, group, *placed)
+            self._write_committed(key, value, checksum_, group, *placed, parent=parent)
             self.counters.second_chances += 1
 
     def _evicted(self, head: Segment) -> None:
@@ -709,20 +749,78 @@ class HotTier:
         if not self.cold_backed:
             kept = self._read_since_written(removed) if head.span == 1 else []
             self._rescued.extend(kept)
+            self._rescuing.update(rescued.key for rescued in kept)
             self.counters.evicted_objects += len(removed) - len(kept)
         self.counters.evicted_segments += 1
 
-    def _read_since_written(self, records: list[int]) -> list[tuple[bytes, bytes, int, int]]:
-        """(key, value, checksum, group) of the records leased since they were written."""
+    def _read_since_written(self, records: list[int]) -> list[Rescued]:
+        """The records leased since they were written, in the order they were appended (so a
+        parent comes before the values hanging from it, as a sequence's save wrote them)."""
         out, view = [], self.arena.view
         for record in sorted(records):
             _, _, read, key_len, length, checksum_, _, group, _ = RECORD.unpack_from(view, record)
             if read & READ_BIT:
-                start = record + RECORD.size
-                value = value_offset(record, key_len)
-                out.append((bytes(view[start:start + key_len]),
-                            bytes(view[value:value + length]), checksum_, group))
+                start, names_len = record + RECORD.size, key_len + parent_len(read)
+                value = value_offset(record, names_len)
+                out.append(Rescued(bytes(view[start:start + key_len]),
+                                   bytes(view[value:value + length]), checksum_, group,
+                                   bytes(view[start + key_len:start + names_len])))
         return out
+
+    def _reachable(self, parent: bytes) -> bool:
+        """Whether a value hanging from ``parent`` may still hit here: it has none, or this
+        server still holds the parent in memory (or about to re-append it). Under ``_lock``."""
+        return not parent or self._index.get(parent) >= 0 or parent in self._rescuing
+
+    def sweep_unreachable(self, on_disk: Callable[[bytes], bool] | None = None) -> None:
+        """Count the values in memory that can no longer hit (STAT's ``unreachable_objects``
+        and ``unreachable_bytes``): those with a parent, or a parent's parent, that this server
+        holds neither in memory nor (``on_disk``) in the cold tier. A value read back from disk
+        has no parent on record and ends the walk up. Run in the background every few seconds
+        (``ServerConfig.unreachable_sweep_s``), never per request: it reads every record with a
+        parent, ``PUT_MANY_STRIDE * 64`` at a time under the lock; nothing at all until a value
+        with a parent was stored."""
+        if not self._parents_seen:
+            return
+        with self._lock:
+            records = self._index.records()
+        whole: dict[bytes, bool] = {}        # parent key -> whether it and its own are held
+        objects = total = 0
+        stride = PUT_MANY_STRIDE * 64
+        for first in range(0, len(records), stride):
+            with self._lock:
+                found = [(self.arena.parent_of(r), self.arena.record_length(r))
+                         for r in records[first:first + stride]
+                         if parent_len(self.arena.view[r + 5])]
+            for parent, length in found:
+                if not self._held_through(parent, whole, on_disk):
+                    objects, total = objects + 1, total + length
+        with self._lock:
+            self._unreachable = (objects, total)
+
+    def _held_through(self, parent: bytes, whole: dict[bytes, bool],
+                      on_disk: Callable[[bytes], bool] | None) -> bool:
+        """Whether ``parent`` and every parent above it are held (``whole`` memoizes)."""
+        chain: list[bytes] = []
+        node: bytes = parent
+        held = True
+        while node and node not in whole:
+            chain.append(node)
+            if len(chain) > 1 << 16:            # a cycle a client made up: count it broken
+                held = False
+                break
+            with self._lock:
+                record = self._index.get(node)
+                above = self.arena.parent_of(record) if record >= 0 else None
+            if above is None:
+                held = on_disk is not None and on_disk(node)
+                break
+            node = above
+        else:
+            held = whole.get(node, True) if node else True
+        for key in chain:
+            whole[key] = held
+        return held
 
     # ---- demotion support (``tiered.Demoter``) ---------------------------------------------
 
@@ -740,10 +838,24 @@ class HotTier:
             records = sorted(self._index.find_in(dict.fromkeys(head.hashes), start, end))
             return head, [self._entry_at(record) for record in records]
 
-    def keep_read(self, live: list[Entry]) -> list[Entry]:
+    def keep_read(self, live: list[Entry],
+                  on_disk: Callable[[bytes], bool] | None = None) -> list[Entry]:
         """The demoter's second chance for a claimed span: re-append its values read since
-        they were written; the rest, returned, go to disk."""
-        return [e for e in live if not (e.read and self.reappend(e))]
+        they were written; the rest, returned, go to disk, except values whose parent this
+        server holds neither in memory nor (``on_disk``) in the cold tier: those can no
+        longer hit and are let go with the span."""
+        out = []
+        for entry in live:
+            if entry.parent:
+                with self._lock:
+                    held = self._reachable(entry.parent)
+                if not held and not (on_disk is not None and on_disk(entry.parent)):
+                    with self._lock:
+                        self.counters.unreachable_evicted += 1
+                    continue
+            if not (entry.read and self.reappend(entry)):
+                out.append(entry)
+        return out
 
     def reappend(self, entry: Entry) -> bool:
         """Second chance: copy a recently read value to the log's head, where it is young
@@ -753,19 +865,22 @@ class HotTier:
             if self._index.get(entry.key, hash_) != entry.record:
                 return True
             try:
-                head, record = self._arena_allocate(record_size(len(entry.key), entry.length),
+                names_len = len(entry.key) + len(entry.parent)
+                head, record = self._arena_allocate(record_size(names_len, entry.length),
                                                     use_reserve=True, fresh=False)
             except NoSpace:
                 return False
-            moved = Entry(entry.key, record, value_offset(record, len(entry.key)), entry.length,
-                          entry.checksum, head, group=entry.group, pinned=entry.pinned)
+            moved = Entry(entry.key, record, value_offset(record, names_len), entry.length,
+                          entry.checksum, head, group=entry.group, pinned=entry.pinned,
+                          parent=entry.parent)
             view = self.arena.view
             view[moved.value:moved.value + moved.length] = \
                 view[entry.value:entry.value + entry.length]
             self.arena.write_record_header(record, state=STATE_PENDING, key=entry.key,
                                            length=entry.length, checksum=entry.checksum,
                                            seq=self.arena.next_record_seq(), group=entry.group,
-                                           final_state=STATE_COMMITTED, pinned=entry.pinned)
+                                           final_state=STATE_COMMITTED, pinned=entry.pinned,
+                                           parent=entry.parent)
             self.arena.set_record_state(record, STATE_COMMITTED)
             self._point(entry.key, hash_, record, moved.length, head, pinned=entry.pinned)
             self.counters.second_chances += 1

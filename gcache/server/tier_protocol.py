@@ -32,12 +32,14 @@ class Tier(Protocol):
     # ---- writes -----------------------------------------------------------------------------
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
-              group: int = 0, pinned: bool = False) -> tuple[int, int, memoryview]:
+              group: int = 0, pinned: bool = False,
+              parent: bytes = b"") -> tuple[int, int, memoryview]:
         """Reserve ``length`` bytes for ``key``: (write handle, the value's arena offset, its
         memory). ``group`` is the placement-group hash (0: none), kept for a drain. ``pinned``:
         once committed the value stays in memory, never evicted nor demoted, while it is
-        current (within the server's pin budget). Raises NoSpace (also: the budget is
-        spent)."""
+        current (within the server's pin budget). ``parent``: the key this one's use depends
+        on (``FLAG_PARENT``), kept in its record; a value whose parent is gone gets no second
+        chance when memory is reclaimed. Raises NoSpace (also: the budget is spent)."""
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:
@@ -54,10 +56,12 @@ class Tier(Protocol):
         is dropped, never visible)."""
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0, pinned: bool = False) -> list[Stored]:
+                 group: int = 0, pinned: bool = False,
+                 parents: Sequence[bytes] | None = None) -> list[Stored]:
         """Store values received whole, each (key, bytes, xxh3_64 the writer sent), with
-        placement-group hash ``group`` (``pinned`` as for ``alloc``): one ``Stored`` per
-        value, in order. A value whose bytes do not hash to its checksum is never visible."""
+        placement-group hash ``group`` (``pinned`` and each of ``parents`` as for ``alloc``):
+        one ``Stored`` per value, in order. A value whose bytes do not hash to its checksum is
+        never visible."""
 
     def abort(self, handle: int) -> None:
         """Drop a pending write; an unknown handle is ignored."""
@@ -103,6 +107,10 @@ class Tier(Protocol):
     def reap_expired(self, now_s: float | None = None) -> int:
         """Drop leases and writes whose TTL passed by ``now_s`` (``time.monotonic()``, now by
         default); returns how many."""
+
+    def sweep_unreachable(self) -> None:
+        """Count the values held that can no longer hit (their prefix is gone here), for
+        ``stats``' ``unreachable_objects`` and ``unreachable_bytes``."""
 
     def stats(self) -> dict[str, int]:
         """The hot tier's counters and gauges (STAT's ``tier``, the server's metrics)."""

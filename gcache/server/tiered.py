@@ -62,9 +62,9 @@ class TieredStore:
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
               wait_s: float = ALLOC_WAIT_S, group: int = 0,
-              pinned: bool = False) -> tuple[int, int, memoryview]:
+              pinned: bool = False, parent: bytes = b"") -> tuple[int, int, memoryview]:
         return self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group,
-                              pinned=pinned)
+                              pinned=pinned, parent=parent)
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:
@@ -78,8 +78,9 @@ class TieredStore:
         return self.hot.commit(handle, expected, if_absent=if_absent, unless=unless)
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
-                 group: int = 0, pinned: bool = False) -> list[Stored]:
-        return self.hot.put_many(values, group=group, pinned=pinned)
+                 group: int = 0, pinned: bool = False,
+                 parents: Sequence[bytes] | None = None) -> list[Stored]:
+        return self.hot.put_many(values, group=group, pinned=pinned, parents=parents)
 
     def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
         """Pinned values never leave memory: the hot tier's list is the whole list."""
@@ -173,6 +174,12 @@ class TieredStore:
                      "failed_writes": cold["failed_writes"]}}
 
     # ---- promotion ---------------------------------------------------------------------------
+
+    def sweep_unreachable(self) -> None:
+        self.hot.sweep_unreachable(self.on_disk)
+
+    def on_disk(self, key: bytes) -> bool:
+        return self._cold_entry(key) is not None
 
     def _cold_entry(self, key: bytes) -> ColdEntry | None:
         with self._guard:
@@ -311,7 +318,7 @@ class Demoter(threading.Thread):
                 head, live = claim
                 demoted = 0
                 try:
-                    demoted = self.store.demote(hot.keep_read(live))
+                    demoted = self.store.demote(hot.keep_read(live, self.store.on_disk))
                 finally:
                     hot.settle(head, demoted=demoted)
             except Exception:      # the thread's top level: log, keep serving

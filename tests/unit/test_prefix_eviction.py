@@ -1,0 +1,146 @@
+"""Prefix-aware reclaim in the hot tier (real shared memory): a value put with a parent
+(``FLAG_PARENT``) is of no use once the parent is gone, so it gets no second chance, and the
+tier counts such values (``sweep_unreachable``); the parent is in the record, so a restart
+keeps it."""
+
+import uuid
+
+import pytest
+
+from gcache.keys import checksum
+from gcache.server.tier import HotTier
+
+SEG = 64 * 1024
+VALUE = b"v" * (SEG // 4 - 256)           # four records per segment, 32 in the arena
+
+
+@pytest.fixture
+def tier_factory():
+    made = []
+
+    def make(name: str | None = None, **kwargs) -> HotTier:
+        made.append(HotTier(name=name or f"gcache-unit-{uuid.uuid4().hex[:8]}",
+                            size_bytes=8 * SEG, segment_size=SEG, prefault=False,
+                            lease_ttl_s=60.0, **kwargs))
+        return made[-1]
+    yield make
+    for t in made:
+        t.close(unlink=True)
+
+
+def put(tier: HotTier, key: bytes, value: bytes, parent: bytes = b"") -> None:
+    handle, _, target = tier.alloc(key, len(value), parent=parent)
+    target[:] = value
+    target.release()
+    tier.commit(handle, checksum(value))
+
+
+def read(tier: HotTier, key: bytes) -> bytes | None:
+    leased = tier.lease(key)
+    if leased is None:
+        return None
+    handle, _, view = leased
+    try:
+        return bytes(view)
+    finally:
+        view.release()
+        tier.release(handle)
+
+
+def chain(tier: HotTier, prefix: str, n: int) -> list[bytes]:
+    """``n`` pages, each the parent of the next, every one read since it was written."""
+    keys = [f"{prefix}{i}".encode() for i in range(n)]
+    for i, key in enumerate(keys):
+        put(tier, key, VALUE, keys[i - 1] if i else b"")
+    assert all(read(tier, key) == VALUE for key in keys)
+    return keys
+
+
+def turn(tier: HotTier, tag: str) -> None:
+    """A whole arena of new values without parents: every segment is reclaimed once."""
+    for i in range(32):
+        put(tier, f"{tag}{i}".encode(), VALUE)
+
+
+def test_a_read_value_below_a_missing_page_gets_no_second_chance(tier_factory):
+    """Deleting page 1 of a read chain leaves pages 2 and 3 unreachable: the reclaim keeps
+    page 0, which can still hit, and lets 2 and 3 go though they were read; a chain left whole
+    keeps every page."""
+    tier = tier_factory()
+    broken = chain(tier, "a", 4)
+    assert tier.delete(broken[1])
+    turn(tier, "x")
+    assert [tier.exists(k) for k in broken] == [True, False, False, False]
+    stats = tier.stats()
+    assert stats["unreachable_evicted"] == 2 and stats["second_chances"] == 1, stats
+    assert tier.entry(broken[0]).parent == b""
+
+    whole = chain(tier, "b", 4)
+    turn(tier, "y")
+    assert all(tier.exists(k) for k in whole)
+    assert [tier.entry(k).parent for k in whole] == [b""] + whole[:3]
+    assert tier.stats()["unreachable_evicted"] == 2
+
+
+def test_a_page_whose_unread_parent_is_reclaimed_with_it_goes_too(tier_factory):
+    """The parent went in the same reclaim because nobody read it: its read child, in the same
+    segment, cannot hit without it and is not re-appended."""
+    tier = tier_factory()
+    put(tier, b"p0", VALUE)
+    put(tier, b"p1", VALUE, b"p0")
+    put(tier, b"q0", VALUE)
+    put(tier, b"q1", VALUE, b"q0")
+    assert read(tier, b"p1") == VALUE
+    assert read(tier, b"q0") == VALUE and read(tier, b"q1") == VALUE
+    turn(tier, "x")
+    assert [tier.exists(k) for k in (b"p0", b"p1", b"q0", b"q1")] == [False, False, True, True]
+    assert tier.stats()["unreachable_evicted"] == 1
+
+
+def test_the_sweep_counts_values_whose_prefix_is_broken_anywhere_above(tier_factory):
+    tier = tier_factory()
+    tier.sweep_unreachable()
+    assert (tier.stats()["unreachable_objects"], tier.stats()["unreachable_bytes"]) == (0, 0)
+    keys = chain(tier, "c", 5)
+    put(tier, b"lone", VALUE, b"never-written")
+    tier.sweep_unreachable()
+    assert tier.stats()["unreachable_objects"] == 1
+    assert tier.delete(keys[2])                  # 3 directly, 4 through 3
+    tier.sweep_unreachable()
+    stats = tier.stats()
+    assert (stats["unreachable_objects"], stats["unreachable_bytes"]) == (3, 3 * len(VALUE))
+    put(tier, keys[2], VALUE, keys[1])           # written again: whole once more
+    tier.sweep_unreachable()
+    assert tier.stats()["unreachable_objects"] == 1
+
+
+def test_a_restart_keeps_each_value_s_parent(tier_factory):
+    name = f"gcache-unit-{uuid.uuid4().hex[:8]}"
+    first = tier_factory(name)
+    keys = chain(first, "r", 3)
+    put(first, b"orphan", VALUE, b"gone")
+    handle, _, target = first.alloc(b"many", 10, parent=b"r2")       # many records, one key
+    target[:] = b"0123456789"
+    target.release()
+    first.commit(handle, checksum(b"0123456789"))
+    first.arena.close(unlink=False)
+    second = tier_factory(name)
+    assert second.stats()["recovered_objects"] == 5
+    assert [second.entry(k).parent for k in keys] == [b"", keys[0], keys[1]]
+    assert read(second, b"many") == b"0123456789" and read(second, b"orphan") == VALUE
+    second.sweep_unreachable()
+    assert second.stats()["unreachable_objects"] == 1
+
+
+def test_the_demoter_neither_keeps_nor_demotes_what_can_no_longer_hit(tier_factory):
+    """With a cold tier a value whose parent is in neither tier is let go with its span; one
+    whose parent was demoted to disk can still hit and is demoted as usual."""
+    tier = tier_factory(cold_backed=True)
+    put(tier, b"d0", VALUE)
+    put(tier, b"d1", VALUE, b"d0")
+    put(tier, b"e1", VALUE, b"e0")
+    live = [tier.entry(k) for k in (b"d0", b"d1", b"e1")]
+    assert [e.key for e in tier.keep_read(live, lambda key: False)] == [b"d0", b"d1"]
+    assert tier.stats()["unreachable_evicted"] == 1
+    kept = tier.keep_read([tier.entry(b"e1")], lambda key: key == b"e0")
+    assert [e.key for e in kept] == [b"e1"]
