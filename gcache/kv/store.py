@@ -18,6 +18,7 @@ reports what it could not store, and a load reports the layers that did not arri
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from gcache.sdk import Client
 
 TAIL_CANDIDATES_PER_ROUND = 4
+# Parent candidates a saved object names (the same page in this many paged layers): with a
+# group striped over 2 servers, one of 4 is on the object's own server 15 times in 16.
+PARENT_CANDIDATES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +219,7 @@ class KVStore:
         wanted = self._layers(layers)
         keys: list[str] = []
         values: list[memoryview] = []
+        parents: list[list[str]] = []
         groups = page_keys.groups_of(probe.hashes, self.head_pages)
         key_groups: list[str] = []
         page = self.layout.page_size
@@ -225,6 +230,7 @@ class KVStore:
                 if key not in probe.present_keys:
                     keys.append(key)
                     key_groups.append(groups[i])
+                    parents.append(self._page_parents(probe.hashes, groups, i, layer))
                     values.append(self._read(source, layer, i * page, (i + 1) * page))
         sliding = [layer for layer in self.tail_layers if layer in wanted]
         for b in tails:
@@ -239,9 +245,10 @@ class KVStore:
                         continue
                     keys.append(key)
                     key_groups.append(groups[b - 1])
+                    parents.append(self._tail_parents(probe.hashes[b - 1], layer))
                     values.append(self._sized(value, layer, start, stop, writable=False,
                                               what="KV"))
-        ok = self._put(keys, values, key_groups)
+        ok = self._put(keys, values, key_groups, parents)
         return SaveResult(objects_written=sum(ok), objects_failed=len(ok) - sum(ok),
                           bytes_written=sum(len(v) for v, stored in zip(values, ok) if stored),
                           tail_boundaries=tuple(tails))
@@ -263,13 +270,37 @@ class KVStore:
             raise InvalidRequest(f"{name} is {len(view)} bytes; the layout needs {expected}")
         return view
 
-    def _put(self, keys: list[str], values: list[memoryview], groups: list[str]) -> list[bool]:
+    def _page_parents(self, hashes: Sequence[bytes], groups: list[str], i: int,
+                      layer: int) -> list[str]:
+        """Candidates for the parent of page ``i`` of ``layer`` (``Client.put``'s ``parent``):
+        the previous page of the same layer, then of a few other paged layers (their pages
+        come and go together; one of them is likely on this key's server). None across the
+        head's edge: the page before it is in another group, on other servers."""
+        if i == 0 or groups[i] != groups[i - 1]:
+            return []
+        return self._parent_keys(hashes[i - 1], layer)
+
+    def _tail_parents(self, boundary_hash: bytes, layer: int) -> list[str]:
+        """A window tail at a boundary is of use only with the page that ends there."""
+        return self._parent_keys(boundary_hash, layer)
+
+    def _parent_keys(self, page_hash: bytes, layer: int) -> list[str]:
+        paged = self.paged_layers
+        if not paged:
+            return []
+        at = bisect.bisect_left(paged, layer) % len(paged)
+        return [page_keys.page_key(page_hash, paged[(at + k) % len(paged)])
+                for k in range(min(PARENT_CANDIDATES, len(paged)))]
+
+    def _put(self, keys: list[str], values: list[memoryview], groups: list[str],
+             parents: list[list[str]]) -> list[bool]:
         ok: list[bool] = []
         step = self.max_batch_keys
         for i in range(0, len(keys), step):
             # page keys name the model and the tokens the KV was computed from
             ok += self.client.batch_put(keys[i:i + step], values[i:i + step],
-                                        group=groups[i:i + step], content_addressed=True)
+                                        group=groups[i:i + step], content_addressed=True,
+                                        parents=parents[i:i + step])
         return ok
 
     def _pressure(self) -> Pressure:

@@ -8,6 +8,7 @@ import pytest
 from gcache import Client
 from gcache.frame import (
     FLAG_CHECKSUM_TRAILS,
+    FLAG_PARENT,
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -178,6 +179,20 @@ def test_a_batch_put_whose_table_lies_is_refused(server):
     table = struct.pack("<HQQ", 1, 1 << 20, 0)          # claims 1 MiB but the frame carries 3 bytes
     sock.sendall(Header(Op.BATCH_PUT, 1, count=1, payload_len=len(table) + 3).pack() + table + b"k"
                  + b"vv")
+    reply = read_reply(sock)
+    assert reply is not None and reply.status == Status.BAD_REQUEST
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("op", [Op.PUT, Op.ALLOC])
+@pytest.mark.parametrize("field", [b"\x00", b"k\x05", b"kk\x40"],
+                         ids=["no key", "parent past the field", "parent over 63 bytes"])
+def test_a_parent_field_that_lies_is_refused(server, op, field):
+    address, client = server
+    sock = raw_socket(address)
+    payload = b"vv" if op == Op.PUT else b""
+    sock.sendall(Header(op, 1, flags=FLAG_PARENT, key_len=len(field), payload_len=len(payload),
+                        length=2, checksum=checksum(b"vv")).pack() + field + payload)
     reply = read_reply(sock)
     assert reply is not None and reply.status == Status.BAD_REQUEST
     assert_still_serving(client)

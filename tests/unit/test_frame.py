@@ -5,13 +5,16 @@ from gcache.frame import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    PARENT_MAX,
     VERSION,
     Header,
     Op,
     Status,
     decode_keys,
     encode_keys,
+    split_parent,
     unpack_header,
+    with_parent,
 )
 from gcache.outcomes import raise_for_status
 
@@ -73,3 +76,15 @@ def test_each_failure_status_maps_to_one_exception(status, error):
 def test_ok_and_not_found_are_not_failures():
     raise_for_status(Header(Op.GET, status=Status.OK), "GET")
     raise_for_status(Header(Op.GET, status=Status.NOT_FOUND), "GET")
+
+
+def test_a_parent_rides_at_the_end_of_the_key_field_with_its_length():
+    assert split_parent(with_parent(b"kv/page/f3", b"kv/prev/f3")) == (b"kv/page/f3",
+                                                                       b"kv/prev/f3")
+    assert split_parent(with_parent(b"k", b"")) == (b"k", b"")
+    assert split_parent(with_parent(b"k", b"p" * PARENT_MAX))[1] == b"p" * PARENT_MAX
+    with pytest.raises(ProtocolError, match="64 bytes; at most 63"):
+        with_parent(b"k", b"p" * 64)
+    for field in (b"", b"\x00", b"k\x02", b"k" * 80 + b"\x40"):
+        with pytest.raises(ProtocolError, match="FLAG_PARENT key field"):
+            split_parent(field)
