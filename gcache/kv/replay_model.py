@@ -3,7 +3,9 @@
 It keeps what the real cluster keeps, as whole units — a page over all paged layers, a window
 tail over all SWA layers — and evicts as the server's arena does: oldest first (it reclaims its
 oldest segment), except that a unit read since it was stored gets one second chance (the arena
-re-appends values read since they were written where the reclaimed segment reopens). A lookup's
+re-appends values read since they were written where the reclaimed segment reopens) unless its
+prefix is broken (the server keeps each value's parent and re-appends nothing below a missing
+one). A lookup's
 hit reads its pages and the tail at its boundary, as the engine's load of it does. It shares
 the page hashing, the window-safe rule and the store policies with ``KVStore``, so a replay here
 and a replay on a real cluster differ only in what the model leaves out: per-layer objects,
@@ -34,8 +36,10 @@ class SecondChanceBudget:
     instead, once."""
 
     def __init__(self, budget_bytes: int,
-                 on_change: Callable[[bytes, int], None] | None = None) -> None:
+                 on_change: Callable[[bytes, int], None] | None = None,
+                 can_hit: Callable[[bytes], bool] | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self._can_hit = can_hit             # False: a read unit gets no second chance
         self.used_bytes = 0
         self.evicted = 0
         self._units: OrderedDict[bytes, int] = OrderedDict()
@@ -59,8 +63,9 @@ class SecondChanceBudget:
             old = next(iter(self._units))
             if old in self._read:
                 self._read.discard(old)
-                self._units.move_to_end(old)
-                continue
+                if self._can_hit is None or self._can_hit(old):
+                    self._units.move_to_end(old)
+                    continue
             size = self._units.pop(old)
             self.used_bytes -= size
             self.evicted += 1
@@ -118,6 +123,10 @@ class Reachability:
             if node in self._whole:
                 self._walk(node, -1)
 
+    def can_hit(self, unit: bytes) -> bool:
+        """Whether a held unit's prefix is whole (a tail's: the page at its boundary's)."""
+        return unit[1:] in self._whole
+
     def _walk(self, node: bytes, sign: int) -> None:
         """Make ``node`` and the held pages below it whole (+1) or no longer whole (-1)."""
         stack = [node]
@@ -153,7 +162,8 @@ class StoreModel:
         # Without paged layers a tail needs no page: every held byte can hit.
         self._reach = Reachability(self._page_bytes) if self._has_pages else None
         self.units = SecondChanceBudget(budget_bytes,
-                                        self._reach.change if self._reach else None)
+                                        self._reach.change if self._reach else None,
+                                        self._reach.can_hit if self._reach else None)
         self._gauge = PressureGauge()
 
     @property

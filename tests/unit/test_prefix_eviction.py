@@ -144,3 +144,19 @@ def test_the_demoter_neither_keeps_nor_demotes_what_can_no_longer_hit(tier_facto
     assert tier.stats()["unreachable_evicted"] == 1
     kept = tier.keep_read([tier.entry(b"e1")], lambda key: key == b"e0")
     assert [e.key for e in kept] == [b"e1"]
+
+
+def test_under_churn_a_reclaim_keeps_exactly_the_read_values_that_can_still_hit(tier_factory):
+    """Chains of read pages, each cut at a different page: one reclaim of every segment
+    keeps each chain's pages above the cut and none below it."""
+    tier = tier_factory()
+    chains = [chain(tier, f"g{g}/", 5) for g in range(3)]
+    cuts = [1, 2, 4]
+    for keys, cut in zip(chains, cuts):
+        assert tier.delete(keys[cut])
+    turn(tier, "x")
+    for keys, cut in zip(chains, cuts):
+        assert [tier.exists(k) for k in keys] == [i < cut for i in range(len(keys))], keys
+    stats = tier.stats()
+    assert stats["unreachable_evicted"] == sum(len(k) - cut - 1 for k, cut in zip(chains, cuts))
+    assert stats["second_chances"] == sum(cuts)
