@@ -32,15 +32,17 @@ from typing import Any
 from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
-from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX, PARENT_MAX
+from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX, PARENT_MAX, Status
 from gcache.keys import MAX_KEY_BYTES, KeyLike, group_hash, validate_key
 from gcache.master_client import MasterClient, parse_masters
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import Dispatcher, Groups, Miss
+from gcache.sdk.exchange import Exchange
 from gcache.sdk.fill import Fill, fill_of
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
+from gcache.sdk.protocol import Channel
 from gcache.transport.cuda import after_callers_work
 
 log = logging.getLogger(__name__)
@@ -181,12 +183,15 @@ class Client:
 
         placement = group_hash(group)
         address = self._d.owner(key, group)
-        (wired,), wire_flags = batch.wire_keys(self._d, address, [key],
-                                               None if parent is None else [parent], group,
-                                               flags)
-        status = batch.call_staged(self._d, address,
-                                   lambda x, ch: x.write(ch, wired, value, group=placement,
-                                                         flags=wire_flags))
+
+        def write(exchange: Exchange, ch: Channel) -> Status:
+            # decided on the link: its handshake is what tells whether the server takes parents
+            (wired,), wire_flags = batch.wire_keys(self._d, address, [key],
+                                                   None if parent is None else [parent], group,
+                                                   flags)
+            return exchange.write(ch, wired, value, group=placement, flags=wire_flags)
+
+        status = batch.call_staged(self._d, address, write)
         return put_outcome(self._stats, status, nbytes(value))
 
     def get(self, key: KeyLike, *, group: KeyLike | None = None) -> bytes | None:

@@ -27,10 +27,10 @@ def test_read_pages_below_a_deleted_page_are_let_go_first(cluster_factory, trans
                               server_args=("--segment-size", "64KiB", "--unreachable-sweep",
                                            "0.1"))
     with Client(cluster.addresses, timeout_s=2.0, transport=transport) as client:
+        orphan = "seq/x"                         # the first put: the link is made by it
+        assert client.put(orphan, VALUE, parent=["missing", "also-missing"])
         keys = [f"seq/{i}" for i in range(4)]
         assert client.batch_put(keys, [VALUE] * 4, parents=[None, *keys[:3]]) == [True] * 4
-        orphan = "seq/x"
-        assert client.put(orphan, VALUE, parent=["missing", "also-missing"])
         assert all(client.get(key) == VALUE for key in [*keys, orphan])
         wait_until(lambda: tier_of(client)["unreachable_objects"] == 1, 5.0)
         assert client.delete(keys[1])
