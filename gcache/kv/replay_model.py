@@ -5,7 +5,8 @@ tail over all SWA layers — and evicts as the server's arena does: oldest first
 oldest segment), except that a unit read since it was stored gets one second chance (the arena
 re-appends values read since they were written where the reclaimed segment reopens) unless its
 prefix is broken (the server keeps each value's parent and re-appends nothing below a missing
-one). A lookup's
+one); and a unit whose prefix is broken goes before the oldest (a server reclaims a segment
+mostly made of such values before older ones). A lookup's
 hit reads its pages and the tail at its boundary, as the engine's load of it does. It shares
 the page hashing, the window-safe rule and the store policies with ``KVStore``, so a replay here
 and a replay on a real cluster differ only in what the model leaves out: per-layer objects,
@@ -37,9 +38,11 @@ class SecondChanceBudget:
 
     def __init__(self, budget_bytes: int,
                  on_change: Callable[[bytes, int], None] | None = None,
-                 can_hit: Callable[[bytes], bool] | None = None) -> None:
+                 can_hit: Callable[[bytes], bool] | None = None,
+                 broken: Callable[[bytes], bytes | None] | None = None) -> None:
         self.budget_bytes = budget_bytes
         self._can_hit = can_hit             # False: a read unit gets no second chance
+        self._broken = broken               # a unit that cannot hit, to evict first (not this)
         self.used_bytes = 0
         self.evicted = 0
         self._units: OrderedDict[bytes, int] = OrderedDict()
@@ -60,12 +63,15 @@ class SecondChanceBudget:
         if self._on_change:
             self._on_change(unit, size_bytes)
         while self.used_bytes > self.budget_bytes:
-            old = next(iter(self._units))
-            if old in self._read:
-                self._read.discard(old)
-                if self._can_hit is None or self._can_hit(old):
-                    self._units.move_to_end(old)
-                    continue
+            old = self._broken(unit) if self._broken else None
+            if old is None:
+                old = next(iter(self._units))
+                if old in self._read:
+                    self._read.discard(old)
+                    if self._can_hit is None or self._can_hit(old):
+                        self._units.move_to_end(old)
+                        continue
+            self._read.discard(old)
             size = self._units.pop(old)
             self.used_bytes -= size
             self.evicted += 1
@@ -94,6 +100,8 @@ class Reachability:
         self._kids: dict[bytes, set[bytes]] = {}     # held children of a page
         self._tails: dict[bytes, int] = {}           # held tails and their bytes
         self._whole: set[bytes] = set()
+        # held units whose prefix is broken, in the order they became so
+        self._broken: OrderedDict[bytes, None] = OrderedDict()
 
     def learn(self, hashes: list[bytes]) -> None:
         """Record each page's parent (the hash before it), before any of them is stored."""
@@ -110,6 +118,10 @@ class Reachability:
                 del self._tails[node]
             if node in self._whole:
                 self.reachable_bytes += size_bytes
+            elif size_bytes > 0:
+                self._broken[unit] = None
+            else:
+                self._broken.pop(unit, None)
             return
         parent = self._parent[node]
         if size_bytes > 0:
@@ -117,15 +129,29 @@ class Reachability:
                 self._kids.setdefault(parent, set()).add(node)
             if parent is None or parent in self._whole:
                 self._walk(node, 1)
+            else:
+                self._broken[unit] = None
         else:
             if parent is not None:
                 self._kids[parent].discard(node)
             if node in self._whole:
                 self._walk(node, -1)
+            self._broken.pop(unit, None)          # gone: nothing left to evict first
 
     def can_hit(self, unit: bytes) -> bool:
         """Whether a held unit's prefix is whole (a tail's: the page at its boundary's)."""
         return unit[1:] in self._whole
+
+    def broken_units(self) -> list[bytes]:
+        """The held units whose prefix is broken, in the order they became so."""
+        return list(self._broken)
+
+    def first_broken(self, spare: bytes) -> bytes | None:
+        """The held unit whose prefix broke first, other than ``spare`` (being stored)."""
+        for unit in self._broken:
+            if unit != spare:
+                return unit
+        return None
 
     def _walk(self, node: bytes, sign: int) -> None:
         """Make ``node`` and the held pages below it whole (+1) or no longer whole (-1)."""
@@ -134,8 +160,13 @@ class Reachability:
             page = stack.pop()
             if sign > 0:
                 self._whole.add(page)
+                self._broken.pop(b"p" + page, None)
+                self._broken.pop(b"t" + page, None)
             else:
                 self._whole.discard(page)
+                self._broken[b"p" + page] = None
+                if page in self._tails:
+                    self._broken[b"t" + page] = None
             self.reachable_bytes += sign * (self.page_bytes + self._tails.get(page, 0))
             stack.extend(self._kids.get(page, ()))
 
@@ -163,7 +194,8 @@ class StoreModel:
         self._reach = Reachability(self._page_bytes) if self._has_pages else None
         self.units = SecondChanceBudget(budget_bytes,
                                         self._reach.change if self._reach else None,
-                                        self._reach.can_hit if self._reach else None)
+                                        self._reach.can_hit if self._reach else None,
+                                        self._reach.first_broken if self._reach else None)
         self._gauge = PressureGauge()
 
     @property

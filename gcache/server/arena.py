@@ -205,6 +205,10 @@ class Segment:
     # ``Arena.written`` just after the last value a client wrote or committed here (heads
     # only): the span is young (``Arena.is_young``) until a quarter arena more has been written
     fresh_mark: int = NEVER_WRITTEN
+    # value bytes here that can no longer hit, as the tier's last count found them (heads of
+    # one-segment spans only; ``HotTier.sweep_unreachable``): a span mostly made of them is
+    # reclaimed before older ones (``_choose_window``)
+    unreachable: int = 0
 
 
 def _check_room(fd: int, path: str, size_bytes: int) -> None:
@@ -346,7 +350,7 @@ class Arena:
                 self._evict_span(self.segments[self.segments[index].head])
         head = self.segments[start]
         head.seq, head.span, head.pins, head.clean = self._next_seq, span, 0, False
-        head.held = 0
+        head.held = head.unreachable = 0
         head.fill, head.fresh_mark = SEGMENT_HEADER_BYTES + n_bytes, NEVER_WRITTEN
         if fresh:
             self._mark_fresh(head, n_bytes)
@@ -429,6 +433,10 @@ class Arena:
         young span (``is_young``) if any, else (unless ``spare_young``) the one among all
         whose last client write is oldest (a span claimed early may hold the value committed
         last); free segments age -1."""
+        if span == 1 and not ignore_pins and not self.require_clean:
+            broken = self._mostly_unreachable()
+            if broken is not None:
+                return broken
         best, best_age = None, None
         young_best, young_mark = None, None
         age: int | None                   # None: a pinned (or unclean) span rules the window out
@@ -455,6 +463,20 @@ class Arena:
                 if age == -1:
                     break
         return young_best if best is None and not spare_young else best
+
+    def _mostly_unreachable(self) -> int | None:
+        """The one-segment span with the most bytes that can no longer hit, when they are at
+        least half of it, and it is neither pinned, holding pinned values, nor young: its
+        values that can still hit and were read get their second chance as from any other
+        span, and the rest could not have hit anyway. Without it those bytes would wait for
+        every older span to go first (objects below a missing page of their prefix go first;
+        a sweep's count, so up to ``unreachable_sweep_s`` old)."""
+        best, most = None, self.segment_size // 2 - 1
+        for seg in self.segments:
+            if (seg.head == seg.index and seg.span == 1 and seg.unreachable > most
+                    and seg.pins == 0 and seg.held == 0 and not self.is_young(seg)):
+                best, most = seg.index, seg.unreachable
+        return best
 
     def oldest_dirty(self) -> Segment | None:
         """The oldest unpinned span head not yet clean and holding no pinned value; the open
@@ -486,6 +508,7 @@ class Arena:
         for index in range(head.index, head.index + head.span):
             seg = self.segments[index]
             seg.head, seg.seq, seg.fill, seg.span, seg.pins, seg.held = -1, -1, 0, 1, 0, 0
+            seg.unreachable = 0
         head.hashes = array("Q")
 
     # ---- records ----------------------------------------------------------------------------

@@ -786,17 +786,27 @@ class HotTier:
             records = self._index.records()
         whole: dict[bytes, bool] = {}        # parent key -> whether it and its own are held
         objects = total = 0
+        by_span: collections.Counter[tuple[int, int]] = collections.Counter()  # (index, age)
         stride = PUT_MANY_STRIDE * 64
         for first in range(0, len(records), stride):
             with self._lock:
-                found = [(self.arena.parent_of(r), self.arena.record_length(r))
+                found = [(self.arena.parent_of(r), self.arena.record_length(r), head.index,
+                          head.seq)
                          for r in records[first:first + stride]
-                         if parent_len(self.arena.view[r + 5])]
-            for parent, length in found:
+                         if parent_len(self.arena.view[r + 5])
+                         for head in (self.arena.segment_of(r),)]
+            for parent, length, index, age in found:
                 if not self._held_through(parent, whole, on_disk):
                     objects, total = objects + 1, total + length
+                    by_span[index, age] += length
         with self._lock:
             self._unreachable = (objects, total)
+            for seg in self.arena.segments:
+                seg.unreachable = 0
+            for (index, age), n_bytes in by_span.items():
+                head = self.arena.segments[index]
+                if head.head == index and head.seq == age:    # not reclaimed since
+                    head.unreachable = n_bytes
 
     def _held_through(self, parent: bytes, whole: dict[bytes, bool],
                       on_disk: Callable[[bytes], bool] | None) -> bool:

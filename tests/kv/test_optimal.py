@@ -9,7 +9,7 @@ from gcache.kv import ModelLayout, safe_boundary
 from gcache.kv.optimal import optimal_bound, residencies
 from gcache.kv.policy import policy_from_name
 from gcache.kv.replay import OPTIMAL, optimal_bounds, prepare, replay_model, with_optimal
-from gcache.kv.replay_model import Reachability, StoreModel
+from gcache.kv.replay_model import Reachability, SecondChanceBudget, StoreModel
 from gcache.kv.trace import BLOCK_SIZE, TraceRequest
 
 PAGE, TAIL = 1, 3          # a window tail costs three pages, as in mimo-v2.5-pro
@@ -172,6 +172,25 @@ def test_the_model_counts_pages_behind_an_evicted_one_as_unreachable(mimo_pro):
     assert model.unreachable_share == pytest.approx(5 / 12)
 
 
+def test_a_unit_whose_prefix_is_broken_is_evicted_before_older_ones():
+    """A window tail whose page is not held cannot hit: the budget lets it go before the older
+    page that can, and a read unit below a missing page gets no second chance."""
+    reach = Reachability(page_bytes=1)
+    for path in ([b"w"], [b"x"], [b"a", b"b"], [b"y"], [b"z"], [b"v"]):
+        reach.learn(path)
+    units = SecondChanceBudget(2, reach.change, reach.can_hit, reach.first_broken)
+    assert units.add(b"pw", 1) and units.add(b"tc", 1) and units.add(b"px", 1)
+    assert b"pw" in units and b"tc" not in units and units.evicted == 1
+    units = SecondChanceBudget(3, reach.change, reach.can_hit, reach.first_broken)
+    for unit in (b"pa", b"pb", b"py"):
+        units.add(unit, 1)
+    units.read(b"pb")
+    units.add(b"pz", 1)                           # the oldest, a, goes; b is broken below it
+    units.add(b"pv", 1)
+    assert [u in units for u in (b"pa", b"pb", b"py", b"pz", b"pv")] == \
+        [False, False, True, True, True]
+
+
 def test_reachable_bytes_follow_every_store_and_eviction():
     rng = random.Random(7)
     paths = [[bytes(p[:i + 1]) for i in range(len(p))]
@@ -191,3 +210,4 @@ def test_reachable_bytes_follow_every_store_and_eviction():
                  if all(b"p" + n[:i + 1] in held for i in range(len(n)))}
         assert reach.reachable_bytes == sum(size for u, size in held.items()
                                             if u[1:] in whole), held
+        assert set(reach.broken_units()) == {u for u in held if u[1:] not in whole}

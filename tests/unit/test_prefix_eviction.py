@@ -160,3 +160,29 @@ def test_under_churn_a_reclaim_keeps_exactly_the_read_values_that_can_still_hit(
     stats = tier.stats()
     assert stats["unreachable_evicted"] == sum(len(k) - cut - 1 for k, cut in zip(chains, cuts))
     assert stats["second_chances"] == sum(cuts)
+
+
+def test_a_span_mostly_unreachable_is_reclaimed_before_older_ones(tier_factory):
+    """Segment 1 holds a chain hanging from a page that is gone; once a sweep has counted it,
+    the next claim takes it rather than segment 0, whose values can still hit."""
+    tier = tier_factory()
+    plain = [f"a{i}".encode() for i in range(4)]
+    for key in plain:
+        put(tier, key, VALUE)
+    broken = [f"b{i}".encode() for i in range(4)]
+    for i, key in enumerate(broken):
+        put(tier, key, VALUE, broken[i - 1] if i else b"gone")
+    for i in range(24):                          # the rest of the arena: segment 1 ages
+        put(tier, f"c{i}".encode(), VALUE)
+    tier.sweep_unreachable()
+    assert tier.stats()["unreachable_objects"] == 4
+    put(tier, b"next", VALUE)
+    assert all(tier.exists(k) for k in plain)
+    assert not any(tier.exists(k) for k in broken)
+    tier.sweep_unreachable()
+    assert tier.stats()["unreachable_objects"] == 0
+    put(tier, b"after", VALUE)                   # nothing counted now: the oldest goes again
+    put(tier, b"after2", VALUE)
+    put(tier, b"after3", VALUE)
+    put(tier, b"after4", VALUE)
+    assert not any(tier.exists(k) for k in plain)
