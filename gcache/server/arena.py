@@ -7,7 +7,9 @@ Invariants:
   taken. Every segment (span) carries the sequence number of its opening, which is its age.
 - Space is made by evicting whole spans: the candidate window of consecutive segments whose
   newest member is oldest, skipping any window that touches a pinned span. For a one-segment
-  allocation that is simply "a free segment, else the oldest unpinned one".
+  allocation that is simply "a free segment, else the oldest unpinned one", except that a
+  span the tier counted as mostly values that can no longer hit goes first
+  (``Segment.unreachable``).
 - A pinned span (a lease or a write in flight) is never evicted or reused; nor is a span that
   holds a current pinned value (``Segment.held``: a file's part, put with ``FLAG_PINNED``),
   for as long as it does, within the tier's pin budget.
@@ -473,6 +475,8 @@ class Arena:
         a sweep's count, so up to ``unreachable_sweep_s`` old)."""
         best, most = None, self.segment_size // 2 - 1
         for seg in self.segments:
+            if seg.head < 0:
+                return None                  # a free segment costs nothing: it goes first
             if (seg.head == seg.index and seg.span == 1 and seg.unreachable > most
                     and seg.pins == 0 and seg.held == 0 and not self.is_young(seg)):
                 best, most = seg.index, seg.unreachable

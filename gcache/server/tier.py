@@ -19,6 +19,12 @@ Eviction is the arena's (oldest unpinned span). With a cold tier the demoter emp
 first (``tiered``); without one, ``_evicted`` and ``_rescue`` give each value read since it was
 written a second chance, re-appended at the young end.
 
+A value may name its parent (``FLAG_PARENT``: the object it is of no use without, a KV page's
+previous page); the record keeps it. A read value whose parent this server no longer holds gets
+no second chance (nor, behind a cold tier, a demotion: ``keep_read``), and
+``sweep_unreachable`` counts such values in the background, per span too, so the arena can
+reclaim a span mostly made of them first.
+
 A value put pinned (a file's part: ``FLAG_PINNED``) holds its span against eviction and demotion
 while it is current (``Segment.held``); the spans holding pinned values are bounded by
 ``pin_budget_bytes``, past which a pinned put is NoSpace, so KV traffic always keeps the rest of

@@ -78,3 +78,22 @@ def test_a_kv_save_names_each_page_s_previous_page(cluster_factory):
                    for key, g in zip(gone, store.key_groups(hashes, gone)))
         wait_until(lambda: unreachable() > 0, 5.0)
         assert store.match(tokens) <= 3 * layout.page_size
+
+
+def test_a_killed_server_keeps_the_parents_it_was_given(cluster_factory):
+    """The parent is in the record: after SIGKILL and a restart on the same arena the server
+    finds the same value unreachable, and the chain above it whole."""
+    cluster = cluster_factory(1, server_args=("--segment-size", "4MiB", "--unreachable-sweep",
+                                              "0.1"))
+    with Client(cluster.addresses, timeout_s=2.0) as client:
+        assert client.batch_put(["k/0", "k/1", "k/2"], [b"a", b"b", b"c"],
+                                parents=[None, "k/0", "k/gone"]) == [True] * 3
+        wait_until(lambda: tier_of(client)["unreachable_objects"] == 1, 5.0)
+    cluster.kill(0)
+    cluster.restart(0)
+    with Client(cluster.addresses, timeout_s=2.0) as client:
+        assert [client.get(f"k/{i}") for i in range(3)] == [b"a", b"b", b"c"]
+        wait_until(lambda: tier_of(client)["unreachable_objects"] == 1, 5.0)
+        assert tier_of(client)["unreachable_bytes"] == 1
+        assert client.put("k/gone", b"g")
+        wait_until(lambda: tier_of(client)["unreachable_objects"] == 0, 5.0)
