@@ -237,12 +237,16 @@ class DataServer:
                 log.warning("lease.expired count=%d", expired)
 
     def _sweep_loop(self) -> None:
-        period_s = self.config.unreachable_sweep_s
-        while not self.stop.wait(period_s * random.uniform(0.8, 1.2)):
+        # A sweep reads every record that has a parent: at most one twentieth of a core, however
+        # many there are (a sweep that took 1 s waits 20 s before the next).
+        wait_s = self.config.unreachable_sweep_s
+        while not self.stop.wait(wait_s * random.uniform(0.8, 1.2)):
+            started_s = time.monotonic()
             try:
                 self.tier.sweep_unreachable()
             except Exception:             # the thread's top level: log, keep counting
                 log.exception("unreachable.sweep_failed")
+            wait_s = max(self.config.unreachable_sweep_s, 20 * (time.monotonic() - started_s))
 
     def _stat_extra(self) -> dict[str, object]:
         with self._lock:

@@ -818,13 +818,15 @@ class HotTier:
                       on_disk: Callable[[bytes], bool] | None) -> bool:
         """Whether ``parent`` and every parent above it are held (``whole`` memoizes)."""
         chain: list[bytes] = []
+        seen: set[bytes] = set()
         node: bytes = parent
         held = True
         while node and node not in whole:
-            chain.append(node)
-            if len(chain) > 1 << 16:            # a cycle a client made up: count it broken
+            if node in seen:                    # a cycle a client made up: count it broken
                 held = False
                 break
+            chain.append(node)
+            seen.add(node)
             with self._lock:
                 record = self._index.get(node)
                 above = self.arena.parent_of(record) if record >= 0 else None

@@ -186,3 +186,15 @@ def test_a_span_mostly_unreachable_is_reclaimed_before_older_ones(tier_factory):
     put(tier, b"after3", VALUE)
     put(tier, b"after4", VALUE)
     assert not any(tier.exists(k) for k in plain)
+
+
+def test_parents_that_make_a_cycle_cost_the_sweep_one_walk(tier_factory):
+    """A client may name any key as a parent, its own included: the sweep counts a cycle as
+    broken once instead of walking it forever."""
+    tier = tier_factory()
+    put(tier, b"self", b"x", b"self")
+    put(tier, b"ping", b"x", b"pong")
+    put(tier, b"pong", b"x", b"ping")
+    put(tier, b"below", b"x", b"ping")
+    tier.sweep_unreachable()
+    assert tier.stats()["unreachable_objects"] == 4
