@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from gcache.transport.cuda_staging import CudaStaging
     from gcache.transport.nixl import BounceSlots, NixlAgent, Region
 
+log = logging.getLogger(__name__)
+# Longest a client's close waits for its NIXL agent to close (``NixlPeers.close``).
+CLOSE_WAIT_S = 5.0
 BOUNCE_SLOT_MAX = 4 << 20
 
 
@@ -118,11 +122,21 @@ class NixlPeers:
         return 0 if agent is None else agent.regions()
 
     def close(self) -> None:
+        """Close the agent, waiting ``CLOSE_WAIT_S`` at most: NIXL's own close waits for an
+        add of a peer that does not answer (a kernel connect timeout, minutes), and a client
+        must close in bounded time. An agent left behind so is logged; its process is ending
+        or dropping this client, and nothing transfers through it again."""
         self._adder.shutdown(wait=False, cancel_futures=True)   # a stuck add ends with us
         with self._lock:
             agent, self._agent, self._exchanges = self._agent, None, {}
-        if agent is not None:
-            agent.close()
+        if agent is None:
+            return
+        closing = threading.Thread(target=agent.close, name="gcache-nixl-close", daemon=True)
+        closing.start()
+        closing.join(CLOSE_WAIT_S)
+        if closing.is_alive():
+            log.warning("nixl.close_abandoned waited_s=%.1f reason=a peer being added does not "
+                        "answer", CLOSE_WAIT_S)
 
 
 def _region_of(buffer: Any) -> Region:

@@ -198,15 +198,18 @@ class NixlAgent:
     # ---- peers ----------------------------------------------------------------------------------
 
     def add_remote(self, metadata: bytes) -> str:
-        """The peer agent's name; added once per metadata."""
+        """The peer agent's name; added once per metadata (``NixlPeers`` never adds one
+        metadata twice at once). Adding connects to the peer and may take a kernel connect
+        timeout (minutes) for a peer that does not answer: it runs outside the lock, which every
+        transfer's ``covering`` takes, so one dead peer never stalls IO to the others."""
         with self._lock:
             name = self._remotes.get(metadata)
-            if name is None:
-                name = self._agent.add_remote_agent(metadata)
-                if isinstance(name, bytes):
-                    name = name.decode()
-                self._remotes[metadata] = name
+        if name is not None:
             return name
+        added = self._agent.add_remote_agent(metadata)
+        name = added.decode() if isinstance(added, bytes) else added
+        with self._lock:
+            return self._remotes.setdefault(metadata, name)
 
     def forget_remote(self, metadata: bytes) -> None:
         """Drop a peer (a server that failed or restarted): its next metadata is added anew."""

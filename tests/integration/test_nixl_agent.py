@@ -38,3 +38,46 @@ def test_an_idle_agent_costs_no_cpu():
     share = float(done.stdout.strip().splitlines()[-1])
     assert share < 0.25, f"an idle NIXL agent used {share:.0%} of a core"
 
+
+
+def test_a_peer_that_does_not_answer_stalls_neither_transfers_nor_close(monkeypatch):
+    """Adding a peer whose NIXL address does not answer takes a kernel connect timeout inside
+    NIXL (minutes): meanwhile the agent's other transfers find their regions at once, and the
+    client's close gives up on the agent after ``CLOSE_WAIT_S``. The stuck add is injected by
+    holding NIXL's own add call (no peer here can be made not to answer)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from gcache.sdk import nixl_peers
+    from gcache.sdk.nixl_peers import NixlPeers
+
+    peers = NixlPeers(io_size=1 << 20, timeout_s=1.0, in_flight=2, devices=(),
+                      staging=lambda: None)
+    memory = np.zeros(1 << 20, dtype=np.uint8)
+    peers.register(memory)
+    agent, _ = peers._started()
+    release = threading.Event()
+    real_add = agent._agent.add_remote_agent
+
+    def unanswered(metadata):
+        release.wait(60)
+        return real_add(metadata)
+
+    monkeypatch.setattr(agent._agent, "add_remote_agent", unanswered)
+    real_close = agent.close
+    monkeypatch.setattr(agent, "close", lambda: (release.wait(60), real_close()))
+    monkeypatch.setattr(nixl_peers, "CLOSE_WAIT_S", 0.5)
+    peer = nixl.NixlAgent("peer")
+    adding = threading.Thread(target=agent.add_remote, args=(peer.metadata(),), daemon=True)
+    adding.start()
+    started = time.monotonic()
+    assert agent.covering(memory.ctypes.data, memory.nbytes) is not None
+    assert time.monotonic() - started < 0.5
+    started = time.monotonic()
+    peers.close()
+    assert time.monotonic() - started < 3.0
+    release.set()
+    adding.join(10)
+    peer.close()
