@@ -49,6 +49,8 @@ class RouterConfig:
     health_interval_s: float = 2.0          # seconds between engine health checks
     health_timeout_s: float = 2.0           # one health check, then the instance is down
     upstream_connect_s: float = 5.0         # connecting to an engine, then fail over
+    upstream_read_s: float = 600.0          # longest silence from an engine (before its first
+                                            # byte: a whole unstreamed answer), then it failed
     view_capacity_pages: int = 1_000_000    # pages each instance's view holds at most
     view_stale_after_s: float = 600.0       # a page not re-stored for this long stops counting
     host_credit: float = 0.8                # policy knobs (gcache.router.policy.PolicyConfig)
@@ -74,6 +76,7 @@ class RouterConfig:
                              ("health_interval_s", self.health_interval_s),
                              ("health_timeout_s", self.health_timeout_s),
                              ("upstream_connect_s", self.upstream_connect_s),
+                             ("upstream_read_s", self.upstream_read_s),
                              ("view_stale_after_s", self.view_stale_after_s)):
             if not seconds > 0:
                 raise ConfigError(key, seconds, "must be a positive number of seconds")

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--health-interval", dest="health_interval_s", help="seconds")
     parser.add_argument("--health-timeout", dest="health_timeout_s",
                         help="seconds one health check may take (two slow ones in a row: down)")
+    parser.add_argument("--upstream-read-timeout", dest="upstream_read_s",
+                        help="seconds an engine may stay silent (before the first byte of a "
+                        "response, or between two chunks) before it counts as failed (600)")
     parser.add_argument("--config", help="TOML file with a [router] section")
     parser.add_argument("--log-level", default="INFO")
     return parser

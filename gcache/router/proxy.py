@@ -112,7 +112,10 @@ class Router:
         return app
 
     async def _start(self, _app: web.Application) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.upstream_connect_s)
+        # A hung engine (its health check may still pass) holds no request past
+        # ``upstream_read_s`` of silence: before its first byte the request goes elsewhere.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.upstream_connect_s,
+                                        sock_read=self.config.upstream_read_s)
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         self._tasks.append(asyncio.create_task(self._check_health()))
         if self.masters is not None:

@@ -146,3 +146,60 @@ def test_a_chat_request_with_an_image_is_looked_up_only_before_the_image(tmp_pat
     assert 0 < len(known) < len(tokens) and known == tokens[:len(known)]
     first = {"messages": [{"role": "user", "content": [picture, text]}]}
     assert lookup_tokens(tokenizer, chat, first, prompt_tokens(tokenizer, chat, first)) == []
+
+
+def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request(tmp_path):
+    """An engine that answers its health checks but never a completion (a hung scheduler)
+    holds the request for --upstream-read-timeout only: then it counts as failed and the
+    request goes elsewhere, here nowhere (503 naming it)."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Hung(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):                        # /health: fine
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):                       # a completion: never answered
+            release.wait(60)
+
+        def log_message(self, *args):
+            pass
+
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hung)
+    engine.daemon_threads = True
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    (port,) = free_ports(1)
+    log = tmp_path / "router.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
+         "--model", f"tiny={word_tokenizer(tmp_path / 'tok')}",
+         "--instance", f"http://127.0.0.1:{engine.server_port}", "--health-interval", "0.2",
+         "--upstream-read-timeout", "1"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while call_or_none(url, "/health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        started = time.monotonic()
+        got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
+        assert got == 503, body
+        assert f"127.0.0.1:{engine.server_port}" in json.loads(body)["error"]["message"]
+        assert time.monotonic() - started < 20
+    finally:
+        release.set()
+        engine.shutdown()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def call_or_none(url, path):
+    try:
+        return call(url, path)[0]
+    except OSError:
+        return None
