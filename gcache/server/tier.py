@@ -796,10 +796,12 @@ class HotTier:
         stride = PUT_MANY_STRIDE * 64
         for first in range(0, len(records), stride):
             with self._lock:
+                # a record evicted since the snapshot may lie under another span's bytes now:
+                # only one the index still points at is read
                 found = [(self.arena.parent_of(r), self.arena.record_length(r), head.index,
                           head.seq)
                          for r in records[first:first + stride]
-                         if parent_len(self.arena.view[r + 5])
+                         if parent_len(self.arena.view[r + 5]) and self._is_indexed(r)
                          for head in (self.arena.segment_of(r),)]
             for parent, length, index, age in found:
                 if not self._held_through(parent, whole, on_disk):
@@ -813,6 +815,13 @@ class HotTier:
                 head = self.arena.segments[index]
                 if head.head == index and head.seq == age:    # not reclaimed since
                     head.unreachable = n_bytes
+
+    def _is_indexed(self, record: int) -> bool:
+        """Whether the index points some key at ``record`` (under ``_lock``)."""
+        view = self.arena.view
+        key_len = view[record + 6] | view[record + 7] << 8
+        start = record + RECORD.size
+        return self._index.get(bytes(view[start:start + key_len])) == record
 
     def _held_through(self, parent: bytes, whole: dict[bytes, bool],
                       on_disk: Callable[[bytes], bool] | None) -> bool:
