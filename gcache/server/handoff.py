@@ -98,7 +98,8 @@ class Handoff(threading.Thread):
         handle, entry, view = leased
         try:
             conn = self._conn(address)
-            # put as it was put here: a key put as mutable (or pinned) stays so on its new owner
+            # put as it was put here: a key put as mutable (or pinned) stays so on its new owner;
+            # not its parent (FLAG_PARENT), which the new owner need not own
             flags = 0 if self.mutable.is_mutable(key) else FLAG_CONTENT_ADDRESSED
             flags |= FLAG_PINNED if entry.pinned else 0
             header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
