@@ -20,6 +20,7 @@ import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
+from tests.helpers import wait_until
 from tests.network_hosts import available as netns_unavailable
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL (pip install --no-deps nixl-cu12==1.5.1)")
@@ -27,7 +28,7 @@ nixl = pytest.importorskip("nixl_cu12", reason="NIXL (pip install --no-deps nixl
 LINKS = ["tcp", "shm", "nixl", "tcp-netns", "nixl-netns"]
 TOKEN = "conformance-token"             # off loopback a token is required; used everywhere
 # the default lease TTL: a 1 s one's write window (half of it) ran out under make test's load
-SERVER_ARGS = ("--segment-size", "4MiB", "--nixl", "--token", TOKEN)
+SERVER_ARGS = ("--segment-size", "4MiB", "--nixl", "--token", TOKEN, "--unreachable-sweep", "0.2")
 SIZES = [1, 4096 + 3, 3 << 20]          # a byte, a page and a bit, several io_size pieces
 _keys = itertools.count()
 
@@ -106,6 +107,21 @@ def only(client, *transports: str) -> str:
 
 
 # ---- every operation ----------------------------------------------------------------------------
+
+def test_values_put_with_a_parent_keep_it(client):
+    """A parent rides in the key field over every link (PUT, BATCH_PUT, ALLOC): the values read
+    back as put, and each server counts those whose parent it does not hold."""
+    def unreachable() -> int:
+        return sum(s["tier"]["unreachable_objects"] for s in client.server_stats().values())
+
+    before = unreachable()
+    gone = [key("gone") for _ in range(8)]      # one of eight is on a value's server (1 - 2^-8)
+    keys, values = [key("child") for _ in range(4)], [data(size, 9) for size in SIZES + [7]]
+    assert client.batch_put(keys[:3], values[:3], parents=[gone] * 3) == [True] * 3
+    assert client.put(keys[3], values[3], parent=gone) is True
+    assert [client.get(k) for k in keys] == values
+    wait_until(lambda: unreachable() - before == 4, 10.0)
+
 
 @pytest.mark.parametrize("size", SIZES)
 def test_every_operation_round_trips(client, size):
