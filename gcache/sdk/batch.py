@@ -27,6 +27,7 @@ from gcache.sdk.exchange import Exchange, ReadItem, WriteItem
 from gcache.sdk.leases import Extent, WriteWindowPassed, copied, written
 from gcache.sdk.outcome import Answer, put_outcome, read_outcome
 from gcache.sdk.protocol import Channel, ReadResult
+from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.sdk.routes import Link
 from gcache.transport.pinned import PoolExhausted
 
@@ -317,7 +318,7 @@ def _read_copies(held: list[Held[ReadItem]],
         for i, extent in zip(idx, extents):
             if not isinstance(extent, Extent):
                 continue
-            target = memoryview(bytearray(extent.length)) if outs is None else outs[i]
+            target = RECEIVE_BUFFERS.take(extent.length) if outs is None else outs[i]
             protocol.check_fits(nbytes(target), extent.length, f"outs[{i}]")
             copies.append((link, i, extent, target))
     return copies

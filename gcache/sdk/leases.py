@@ -38,6 +38,7 @@ from gcache.frame import (
 from gcache.keys import checksum
 from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.sdk.protocol import Channel, ReadResult, RequestFields, check_fits
+from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.transport.stream import StreamConnection
 
 PIPELINE_WINDOW = 32     # requests in flight on one connection before reading a reply
@@ -240,7 +241,7 @@ class LeasedExchange(ABC):
         if not isinstance(extent, Extent):
             return extent
         try:
-            target = memoryview(bytearray(extent.length)) if out is None else out
+            target = RECEIVE_BUFFERS.take(extent.length) if out is None else out
             check_fits(nbytes(target), extent.length, "out")
             ok = copied(self, ch.conn, extent, target, verify=verify)
         finally:

@@ -10,6 +10,7 @@ from gcache.outcomes import status_miss
 from gcache.sdk.dispatch import Miss
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.protocol import ReadResult
+from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 
 log = logging.getLogger(__name__)
 Answer = ReadResult | Status | Miss | None       # what a read's exchange ended in
@@ -44,9 +45,12 @@ def read_outcome(stats: ClientStats, result: Answer, *,
     if result is None or isinstance(result, Status):
         stats.miss(status_miss(Status.NOT_FOUND if result is None else result))
         return None
+    value = bytes(result.data[:result.length]) if want_bytes and result.checksum_ok else None
+    if want_bytes:                 # the read landed in a lent buffer: copied out, it goes back
+        RECEIVE_BUFFERS.give(result.data)
     if not result.checksum_ok:
         log.error("sdk.checksum_mismatch bytes=%d", result.length)
         stats.miss(status_miss(Status.CHECKSUM_MISMATCH))
         return None
     stats.hit(result.length)
-    return bytes(result.data[:result.length]) if want_bytes else result.length
+    return value if want_bytes else result.length

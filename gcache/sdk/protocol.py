@@ -38,6 +38,7 @@ from gcache.frame import (
 )
 from gcache.keys import MAX_KEY_BYTES, checksum_stream
 from gcache.outcomes import raise_for_status, raise_unless_answer
+from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.transport.stream import StreamConnection
 
 _MAX_REPLY_PAYLOAD = 1 << 42        # a batch reply's whole payload; each part is checked too
@@ -173,7 +174,7 @@ def read_value(ch: Channel, key: bytes, out: memoryview | None, *,
 def _recv_value(ch: Channel, out: memoryview | None, length: int, stored: int, *,
                 verify: bool) -> ReadResult:
     """Receive a value that follows on the wire into ``out`` (or a new buffer), hashing it."""
-    target = memoryview(bytearray(length)) if out is None else out
+    target = RECEIVE_BUFFERS.take(length) if out is None else out
     hasher = checksum_stream() if verify else None
     ch.conn.recv_into(target[:length], timeout_s=ch.timeout_s, hasher=hasher)
     return ReadResult(target, length, hasher is None or hasher.intdigest() == stored)
