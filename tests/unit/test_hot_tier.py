@@ -9,6 +9,7 @@ import pytest
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import checksum
 from gcache.server.tier import PIN_WAIT_S, HotTier, Stored
+from tests.unit.tier_ops import put, read
 
 SEG = 64 * 1024
 
@@ -29,25 +30,6 @@ def tier_factory():
 @pytest.fixture
 def tier(tier_factory):
     return tier_factory()
-
-
-def put(tier, key: bytes, value: bytes) -> None:
-    handle, _, target = tier.alloc(key, len(value))
-    target[:] = value
-    target.release()                  # a view left exported keeps the arena from unmapping
-    tier.commit(handle, checksum(value))
-
-
-def read(tier, key: bytes) -> bytes | None:
-    leased = tier.lease(key)
-    if leased is None:
-        return None
-    handle, _, view = leased
-    try:
-        return bytes(view)
-    finally:
-        view.release()
-        tier.release(handle)
 
 
 def test_committed_values_read_back(tier):

@@ -9,6 +9,7 @@ import pytest
 
 from gcache.keys import checksum
 from gcache.server.tier import HotTier
+from tests.unit.tier_ops import put, read
 
 SEG = 64 * 1024
 VALUE = b"v" * (SEG // 4 - 256)           # four records per segment, 32 in the arena
@@ -26,25 +27,6 @@ def tier_factory():
     yield make
     for t in made:
         t.close(unlink=True)
-
-
-def put(tier: HotTier, key: bytes, value: bytes, parent: bytes = b"") -> None:
-    handle, _, target = tier.alloc(key, len(value), parent=parent)
-    target[:] = value
-    target.release()
-    tier.commit(handle, checksum(value))
-
-
-def read(tier: HotTier, key: bytes) -> bytes | None:
-    leased = tier.lease(key)
-    if leased is None:
-        return None
-    handle, _, view = leased
-    try:
-        return bytes(view)
-    finally:
-        view.release()
-        tier.release(handle)
 
 
 def chain(tier: HotTier, prefix: str, n: int) -> list[bytes]:

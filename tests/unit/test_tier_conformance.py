@@ -19,6 +19,7 @@ from gcache.server.cold_segments import SegmentColdStore
 from gcache.server.tier import HotTier, Stored
 from gcache.server.tier_protocol import Tier
 from gcache.server.tiered import TieredStore
+from tests.unit.tier_ops import put, read
 
 SEG = 64 * 1024
 TTL_S = 60.0
@@ -80,25 +81,6 @@ def tier(kind: str, tmp_path: Path) -> Iterator[Tier]:
         yield made
     finally:
         made.close(unlink=True)
-
-
-def put(tier: Tier, key: bytes, value: bytes, *, group: int = 0) -> None:
-    handle, _, target = tier.alloc(key, len(value), group=group)
-    target[:] = value
-    target.release()                  # a view left exported keeps the arena from unmapping
-    assert tier.commit(handle, checksum(value))
-
-
-def read(tier: Tier, key: bytes) -> bytes | None:
-    leased = tier.lease(key)
-    if leased is None:
-        return None
-    handle, _, view = leased
-    try:
-        return bytes(view)
-    finally:
-        view.release()
-        assert tier.release(handle)
 
 
 def test_a_committed_value_leases_reads_in_pieces_and_releases(tier):
