@@ -264,29 +264,20 @@ class TieredStore:
             return self.cold.delete(key)
 
     def demote(self, entries: list[Entry]) -> int:
-        """Write entries to disk (on the demoter thread); returns how many are there now."""
+        """Write entries to disk (on the demoter thread); returns how many are there now.
+
+        A key is in flight from before the check that its entry is still current until its
+        copy is written: a delete (or a newer put) either comes first, and the check skips
+        the entry, or finds the key in flight, and the copy is dropped when it lands. Marked
+        in flight only after the check, a delete that fell between the two was acknowledged
+        with this copy still to come, which then brought the deleted value back (the soak's
+        cold round: "got 15, legal [-1]")."""
         done = 0
         for entry in entries:
-            if not self.hot.is_current(entry):
-                continue
-            present = self.cold.lookup(entry.key)
-            if present is not None and present.checksum == entry.checksum \
-                    and present.length == entry.length:
-                done += 1                     # promoted earlier and unchanged: already there
-                continue
-            value = self.arena.view[entry.value:entry.value + entry.length]
-            if checksum(value) != entry.checksum:
-                self.hot.counters.checksum_failures += 1
-                self.dropped_objects += 1
-                log.error("hot.checksum_mismatch key=%r: not demoted", entry.key[:64])
-                continue
             with self._guard:
                 self._in_flight.add(entry.key)
             try:
-                if self.cold.put(entry.key, value, entry.checksum, entry.group):
-                    done += 1
-                else:
-                    self.dropped_objects += 1
+                done += self._demote_one(entry)
             finally:
                 with self._guard:     # written or deleted meanwhile: this copy is stale
                     self._in_flight.discard(entry.key)
@@ -296,6 +287,25 @@ class TieredStore:
                         self.cold.delete(entry.key)
                     self._landed.notify_all()
         return done
+
+    def _demote_one(self, entry: Entry) -> int:
+        """1 when ``entry`` (marked in flight) is on disk now, else 0."""
+        if not self.hot.is_current(entry):
+            return 0
+        present = self.cold.lookup(entry.key)
+        if present is not None and present.checksum == entry.checksum \
+                and present.length == entry.length:
+            return 1                          # promoted earlier and unchanged: already there
+        value = self.arena.view[entry.value:entry.value + entry.length]
+        if checksum(value) != entry.checksum:
+            self.hot.counters.checksum_failures += 1
+            self.dropped_objects += 1
+            log.error("hot.checksum_mismatch key=%r: not demoted", entry.key[:64])
+            return 0
+        if self.cold.put(entry.key, value, entry.checksum, entry.group):
+            return 1
+        self.dropped_objects += 1
+        return 0
 
 
 class Demoter(threading.Thread):
