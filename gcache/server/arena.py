@@ -292,6 +292,9 @@ class Arena:
         self.written = 0                  # bytes of values clients wrote, copies not counted
         self._on_evict = on_evict
         self.require_clean = False    # with a cold tier, only clean spans may be reused
+        # heads the tier's last sweep found holding values that can no longer hit
+        # (``Segment.unreachable``): the only spans ``_mostly_unreachable`` looks at
+        self.counted_spans: list[int] = []
 
     @property
     def address(self) -> int:
@@ -435,10 +438,6 @@ class Arena:
         young span (``is_young``) if any, else (unless ``spare_young``) the one among all
         whose last client write is oldest (a span claimed early may hold the value committed
         last); free segments age -1."""
-        if span == 1 and not ignore_pins and not self.require_clean:
-            broken = self._mostly_unreachable()
-            if broken is not None:
-                return broken
         best, best_age = None, None
         young_best, young_mark = None, None
         age: int | None                   # None: a pinned (or unclean) span rules the window out
@@ -464,6 +463,10 @@ class Arena:
                 best, best_age = start, age
                 if age == -1:
                     break
+        if best_age != -1 and span == 1 and not ignore_pins and not self.require_clean:
+            broken = self._mostly_unreachable()          # a free segment still goes first
+            if broken is not None:
+                return broken
         return young_best if best is None and not spare_young else best
 
     def _mostly_unreachable(self) -> int | None:
@@ -474,9 +477,8 @@ class Arena:
         every older span to go first (objects below a missing page of their prefix go first;
         a sweep's count, so up to ``unreachable_sweep_s`` old)."""
         best, most = None, self.segment_size // 2 - 1
-        for seg in self.segments:
-            if seg.head < 0:
-                return None                  # a free segment costs nothing: it goes first
+        for index in self.counted_spans:
+            seg = self.segments[index]
             if (seg.head == seg.index and seg.span == 1 and seg.unreachable > most
                     and seg.pins == 0 and seg.held == 0 and not self.is_young(seg)):
                 best, most = seg.index, seg.unreachable

@@ -236,6 +236,7 @@ class HotTier:
             head, record = self._allocate(size, wait_s)
             if pinned:                  # counted from now: writes in flight at once see it
                 self._count_hold(head)
+            self._parents_seen = self._parents_seen or bool(parent)
             entry = Entry(key, record, value_offset(record, len(key) + len(parent)), length, 0,
                           head, group=group, pinned=pinned, parent=parent)
             self.arena.write_record_header(record, state=STATE_PENDING, key=key, length=length,
@@ -390,6 +391,7 @@ class HotTier:
         and made ``key``'s (under ``_lock``)."""
         start = value_offset(record, len(key) + len(parent))
         self.arena.view[start:start + len(value)] = value
+        self._parents_seen = self._parents_seen or bool(parent)
         self.arena.write_record_header(record, state=STATE_COMMITTED, key=key,
                                        length=len(value), checksum=checksum_,
                                        seq=self.arena.next_record_seq(), group=group,
@@ -581,7 +583,6 @@ class HotTier:
             self._hold(key, record, head)
         self._value_bytes += length
         head.hashes.append(hash_)
-        self._parents_seen = self._parents_seen or bool(parent_len(self.arena.view[record + 5]))
 
     # ---- pinned values ----------------------------------------------------------------------
 
@@ -809,12 +810,15 @@ class HotTier:
                     by_span[index, age] += length
         with self._lock:
             self._unreachable = (objects, total)
-            for seg in self.arena.segments:
-                seg.unreachable = 0
+            for index in self.arena.counted_spans:
+                self.arena.segments[index].unreachable = 0
+            counted = []
             for (index, age), n_bytes in by_span.items():
                 head = self.arena.segments[index]
                 if head.head == index and head.seq == age:    # not reclaimed since
                     head.unreachable = n_bytes
+                    counted.append(index)
+            self.arena.counted_spans = counted
 
     def _is_indexed(self, record: int) -> bool:
         """Whether the index points some key at ``record`` (under ``_lock``)."""
