@@ -451,31 +451,34 @@ class ConnectionHandler:
         for key_len, _, _ in entries:
             keys.append(bytes(keys_blob[pos:pos + key_len]))
             pos += key_len
-        named = [split_parent(k) for k in keys] if h.flags & FLAG_PARENT \
-            else [(k, b"") for k in keys]
+        parents: list[bytes] | None = None
+        if h.flags & FLAG_PARENT:
+            split = [split_parent(k) for k in keys]
+            keys, parents = [k for k, _ in split], [p for _, p in split]
         if values_len <= self.config.io_size:
-            statuses = self._put_received(h, named, entries, values_len)
+            statuses = self._put_received(h, keys, entries, values_len, parents)
         else:
-            statuses = bytes(self._recv_value(key, length, expected, h.group, h.flags, parent)
-                             for (key, parent), (_, length, expected)
-                             in zip(named, entries, strict=True))
+            statuses = bytes(self._recv_value(key, length, expected, h.group, h.flags,
+                                              parents[i] if parents else b"")
+                             for i, (key, (_, length, expected))
+                             in enumerate(zip(keys, entries, strict=True)))
         BYTES_IN.inc(values_len)
         self._reply(h, Status.OK, payload=(statuses,), count=h.count)
 
-    def _put_received(self, h: Header, named: list[tuple[bytes, bytes]],
-                      entries: list[tuple[int, int, int]], values_len: int) -> bytes:
+    def _put_received(self, h: Header, keys: list[bytes], entries: list[tuple[int, int, int]],
+                      values_len: int, parents: list[bytes] | None) -> bytes:
         """A batch of small values (one IO's worth at most, as a peer may send anyway): one
         receive for them all, then the tier stores them together (``Tier.put_many``) instead
         of an ALLOC, a receive and a COMMIT each."""
         values = memoryview(self._recv_bytes(values_len))
         content_addressed = bool(h.flags & FLAG_CONTENT_ADDRESSED)
         items, pos = [], 0
-        for (key, _), (_, length, expected) in zip(named, entries, strict=True):
+        for key, (_, length, expected) in zip(keys, entries, strict=True):
             self.mutable.written(key, content_addressed=content_addressed, group=h.group)
             items.append((key, values[pos:pos + length], expected))
             pos += length
         stored = self.tier.put_many(items, group=h.group, pinned=bool(h.flags & FLAG_PINNED),
-                                    parents=[parent for _, parent in named])
+                                    parents=parents)
         failed = [s for s in stored if s is not Stored.OK]
         if failed:
             log.warning("batch_put.refused peer=%s values=%d checksum_mismatch=%d no_space=%d",
