@@ -34,14 +34,13 @@ from gcache.kv.window import leading, safe_boundary
 class SecondChanceBudget:
     """Units of known size, evicted oldest first once their total passes ``budget_bytes``; a
     unit ``read`` since it was stored (or since its last second chance) goes to the young end
-    instead, once."""
+    instead, once. ``broken`` names a held unit that can no longer hit, other than the one
+    being stored: it goes first, read or not (so none of them ever gets a second chance)."""
 
     def __init__(self, budget_bytes: int,
                  on_change: Callable[[bytes, int], None] | None = None,
-                 can_hit: Callable[[bytes], bool] | None = None,
                  broken: Callable[[bytes], bytes | None] | None = None) -> None:
         self.budget_bytes = budget_bytes
-        self._can_hit = can_hit             # False: a read unit gets no second chance
         self._broken = broken               # a unit that cannot hit, to evict first (not this)
         self.used_bytes = 0
         self.evicted = 0
@@ -68,9 +67,8 @@ class SecondChanceBudget:
                 old = next(iter(self._units))
                 if old in self._read:
                     self._read.discard(old)
-                    if self._can_hit is None or self._can_hit(old):
-                        self._units.move_to_end(old)
-                        continue
+                    self._units.move_to_end(old)
+                    continue
             self._read.discard(old)
             size = self._units.pop(old)
             self.used_bytes -= size
@@ -138,10 +136,6 @@ class Reachability:
                 self._walk(node, -1)
             self._broken.pop(unit, None)          # gone: nothing left to evict first
 
-    def can_hit(self, unit: bytes) -> bool:
-        """Whether a held unit's prefix is whole (a tail's: the page at its boundary's)."""
-        return unit[1:] in self._whole
-
     def broken_units(self) -> list[bytes]:
         """The held units whose prefix is broken, in the order they became so."""
         return list(self._broken)
@@ -194,7 +188,6 @@ class StoreModel:
         self._reach = Reachability(self._page_bytes) if self._has_pages else None
         self.units = SecondChanceBudget(budget_bytes,
                                         self._reach.change if self._reach else None,
-                                        self._reach.can_hit if self._reach else None,
                                         self._reach.first_broken if self._reach else None)
         self._gauge = PressureGauge()
 

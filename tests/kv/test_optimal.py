@@ -178,10 +178,10 @@ def test_a_unit_whose_prefix_is_broken_is_evicted_before_older_ones():
     reach = Reachability(page_bytes=1)
     for path in ([b"w"], [b"x"], [b"a", b"b"], [b"y"], [b"z"], [b"v"]):
         reach.learn(path)
-    units = SecondChanceBudget(2, reach.change, reach.can_hit, reach.first_broken)
+    units = SecondChanceBudget(2, reach.change, reach.first_broken)
     assert units.add(b"pw", 1) and units.add(b"tc", 1) and units.add(b"px", 1)
     assert b"pw" in units and b"tc" not in units and units.evicted == 1
-    units = SecondChanceBudget(3, reach.change, reach.can_hit, reach.first_broken)
+    units = SecondChanceBudget(3, reach.change, reach.first_broken)
     for unit in (b"pa", b"pb", b"py"):
         units.add(unit, 1)
     units.read(b"pb")
