@@ -59,9 +59,12 @@ class Exchange(Protocol):
         """A batch write's first phase: per key a final status, or an Extent for ``copy_in``."""
 
     def copy_in(self, extent: Extent, value: Any,
-                landed: Callable[[int, int], None] | None = None) -> int:
-        """One value into its allocated extent; its checksum. ``landed(start, size)``, called
-        as each piece has landed, lets the server hash it meanwhile (``leases.written``)."""
+                landed: Callable[[int, int], None] | None = None, *,
+                digest: int | None = None) -> int:
+        """One value into its allocated extent; its checksum (``digest`` when the caller
+        hashed the value already, and then the copy does not). ``landed(start, size)``,
+        called as each piece has landed, lets the server hash it meanwhile
+        (``leases.written``)."""
 
     def end_writes(self, ch: Channel, handles: Sequence[int],
                    digests: Sequence[int]) -> list[Status]:

@@ -148,10 +148,15 @@ def written(ch: Channel, handle: int, offset: int, length: int) -> None:
 
 
 def alloc(ch: Channel, key: bytes, size: int, *, group: int, window_s: float,
-          flags: int = 0) -> Extent | Status:
-    """One ALLOC (``flags``: the put's); the extent to write, or NO_SPACE."""
+          flags: int = 0, meanwhile: Callable[[], None] | None = None) -> Extent | Status:
+    """One ALLOC (``flags``: the put's); the extent to write, or NO_SPACE. ``meanwhile`` runs
+    between sending the request and reading its reply, so its work costs no time of its own
+    while the server allocates."""
     asked_s = time.monotonic()
-    reply = ch.reply(ch.request(Op.ALLOC, key=key, length=size, group=group, flags=flags))
+    request = ch.request(Op.ALLOC, key=key, length=size, group=group, flags=flags)
+    if meanwhile is not None:
+        meanwhile()
+    reply = ch.reply(request)
     raise_unless_answer(reply, "ALLOC")
     if reply.status != Status.OK:
         return reply.status
@@ -230,8 +235,10 @@ class LeasedExchange(ABC):
 
     @abstractmethod
     def copy_in(self, extent: Extent, value: Any,
-                landed: Callable[[int, int], None] | None = None) -> int:
-        """One value into its allocated extent; its checksum. ``landed(start, size)`` is
+                landed: Callable[[int, int], None] | None = None, *,
+                digest: int | None = None) -> int:
+        """One value into its allocated extent; its checksum (``digest`` when the caller
+        hashed the value already, and then the copy does not). ``landed(start, size)`` is
         called as each piece has landed."""
 
     def read(self, ch: Channel, key: bytes, out: Any, *,
@@ -250,15 +257,25 @@ class LeasedExchange(ABC):
 
     def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
               flags: int = 0) -> Status:
-        """ALLOC, copy, COMMIT. Each piece that has landed is announced with a no-reply
-        in-place WRITE, so the server hashes it while the next one is copied and COMMIT finds
-        its hash of the arena bytes nearly done; COMMIT compares it with ours."""
+        """ALLOC, copy, COMMIT. A host value is hashed while the ALLOC is in flight, so the
+        copy is a plain copy and the round trip costs no time of its own (a GPU value is
+        hashed on its device during the copy). Each piece that has landed is announced with a
+        no-reply in-place WRITE, so the server hashes it while the next one is copied and
+        COMMIT finds its hash of the arena bytes nearly done; COMMIT compares it with ours: a
+        value that changed between our hash and the copy is CHECKSUM_MISMATCH, not stored."""
+        digests: list[int] = []
+
+        def hash_host_value() -> None:
+            if not is_cuda_tensor(value):
+                digests.append(checksum(value))
+
         extent = alloc(ch, key, nbytes(value), group=group, window_s=self.lease_window_s,
-                       flags=flags)
+                       flags=flags, meanwhile=hash_host_value)
         if not isinstance(extent, Extent):
             return extent
         digest = self.copy_in(extent, value,
-                              lambda start, size: written(ch, extent.handle, start, size))
+                              lambda start, size: written(ch, extent.handle, start, size),
+                              digest=digests[0] if digests else None)
         return commit(ch, extent.handle, digest)
 
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,

@@ -68,7 +68,8 @@ class NixlExchange(LeasedExchange):
         return cuda_digest(out, extent.length) == extent.checksum
 
     def copy_in(self, extent: Extent, value: Any,
-                landed: Callable[[int, int], None] | None = None) -> int:
+                landed: Callable[[int, int], None] | None = None, *,
+                digest: int | None = None) -> int:
         remote = self._remote_of(extent)
         if is_cuda_tensor(value):
             region = self._registered(value, extent.length)
@@ -82,7 +83,7 @@ class NixlExchange(LeasedExchange):
             if landed is not None:
                 landed(0, extent.length)
             return digest
-        return self._write_host(remote, extent, value, landed)
+        return self._write_host(remote, extent, value, landed, digest)
 
     # ---- host buffers -----------------------------------------------------------------------
 
@@ -115,30 +116,35 @@ class NixlExchange(LeasedExchange):
         return hasher is None or hasher.intdigest() == extent.checksum
 
     def _write_host(self, remote: int, extent: Extent, value: memoryview,
-                    landed: Callable[[int, int], None] | None = None) -> int:
+                    landed: Callable[[int, int], None] | None = None,
+                    digest: int | None = None) -> int:
+        """``digest``: the value's checksum when the caller hashed it already (the pieces then
+        leave unhashed)."""
         source = np.frombuffer(value, dtype=np.uint8, count=extent.length)
         hasher = checksum_stream()
         if self.agent.covering(source.ctypes.data, extent.length) is not None:
             def hash_then_check(start: int, size: int) -> None:   # before each piece leaves
-                hasher.update(source[start:start + size])  # type: ignore[arg-type]
+                if digest is None:
+                    hasher.update(source[start:start + size])  # type: ignore[arg-type]
                 check_window(extent)
 
             self._pipelined("WRITE", source.ctypes.data, remote, extent.length,
                             before=hash_then_check, after=landed)
-            return hasher.intdigest()
+            return hasher.intdigest() if digest is None else digest
         for start, size in self._pieces(extent.length, self.bounce.slot_bytes):
             slot = self.bounce.take(self._timeout_s)
             try:
                 piece = self.bounce.array(slot)[:size]
                 piece[:] = source[start:start + size]
-                hasher.update(piece)  # type: ignore[arg-type]
+                if digest is None:
+                    hasher.update(piece)  # type: ignore[arg-type]
                 check_window(extent)
                 self._move("WRITE", self.bounce.region(slot), remote + start, size)
                 if landed is not None:
                     landed(start, size)
             finally:
                 self.bounce.give(slot)
-        return hasher.intdigest()
+        return hasher.intdigest() if digest is None else digest
 
     def _pipelined(self, op: str, local: int, remote: int, length: int, *,
                    before: Callable[[int, int], None] | None = None,

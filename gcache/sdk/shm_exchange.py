@@ -3,9 +3,10 @@ between the caller's buffer and the server's mapped arena.
 
 Read: LEASE -> copy out of the mapping (not hashed again unless ``verify_arena_reads``: the
 server hashed those bytes at COMMIT) -> RELEASE without a reply, so the release costs a send,
-not a round trip. Write: ALLOC -> copy in (hashing), announcing each chunk with a no-reply
-in-place WRITE so the server hashes it meanwhile -> COMMIT, whose reply says whether the
-server's own hash of the arena bytes matched ours. The frames are ``gcache.sdk.leases``'; a
+not a round trip. Write: ALLOC (a single put hashes the value while it is in flight; a batch's
+copies hash as they go) -> copy in, announcing each chunk with a no-reply in-place WRITE so the
+server hashes it meanwhile -> COMMIT, whose reply says whether the server's own hash of the
+arena bytes matched ours. The frames are ``gcache.sdk.leases``'; a
 batch's copies are separate steps (``copy_out`` / ``copy_in``) so that the client runs them on
 its IO threads in parallel.
 """
@@ -39,10 +40,11 @@ class ShmExchange(LeasedExchange):
         return hasher is None or hasher.intdigest() == extent.checksum
 
     def copy_in(self, extent: Extent, value: Any,
-                landed: Callable[[int, int], None] | None = None) -> int:
+                landed: Callable[[int, int], None] | None = None, *,
+                digest: int | None = None) -> int:
         """Copy ``value`` into an allocated extent, calling ``landed(start, size)`` after each
-        chunk; returns its checksum. Raises WriteWindowPassed, before each chunk, once the
-        extent's write window is over."""
+        chunk; returns its checksum (hashed during the copy unless ``digest`` is given).
+        Raises WriteWindowPassed, before each chunk, once the extent's write window is over."""
         hasher = checksum_stream()
         if is_cuda_tensor(value):
             check_window(extent)
@@ -53,7 +55,8 @@ class ShmExchange(LeasedExchange):
         for start in range(0, extent.length, COPY_CHUNK):
             check_window(extent)
             piece = value[start:start + COPY_CHUNK]
-            self.mapping.write_from(extent.offset + start, piece, hasher)
+            self.mapping.write_from(extent.offset + start, piece,
+                                    hasher if digest is None else None)
             if landed is not None:
                 landed(start, len(piece))
-        return hasher.intdigest()
+        return hasher.intdigest() if digest is None else digest

@@ -64,7 +64,8 @@ class TcpExchange:
         """Nothing is leased over TCP: values came with the reply."""
 
     def copy_in(self, extent: Extent, value: Any,
-                landed: Callable[[int, int], None] | None = None) -> int:
+                landed: Callable[[int, int], None] | None = None, *,
+                digest: int | None = None) -> int:
         raise ProtocolError("a TCP exchange has no extents to copy into")
 
     def end_writes(self, ch: Channel, handles: Sequence[int],

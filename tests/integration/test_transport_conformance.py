@@ -294,6 +294,35 @@ def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch
     assert client.put(k, data(10_000, 4)) and client.get(k) == data(10_000, 4)
 
 
+def test_a_value_that_changes_after_it_was_hashed_is_refused_not_stored(client, monkeypatch):
+    """A single put hashes a host value while its ALLOC is in flight and then copies it
+    unhashed: bytes that change in between reach the arena, the server's hash of them differs
+    from ours at COMMIT, and the put is a ``checksum`` miss that leaves the key as it was."""
+    transport = only(client, "shm", "nixl")
+    from gcache.sdk.nixl_exchange import NixlExchange
+    from gcache.sdk.shm_exchange import ShmExchange
+    exchange = {"shm": ShmExchange, "nixl": NixlExchange}[transport]
+    original = exchange.copy_in
+
+    def changed_first(self, extent, value, landed=None, *, digest=None):
+        assert digest is not None, "the host value was not hashed before its copy"
+        np.frombuffer(value, dtype=np.uint8, count=1)[0] ^= 0xFF
+        return original(self, extent, value, landed, digest=digest)
+
+    k, size = key("changed"), SIZES[-1]
+    value = np.frombuffer(bytearray(data(size, 5)), dtype=np.uint8)
+    client.register_buffer(value)
+    try:
+        assert client.put(k, data(size, 6)) is True
+        monkeypatch.setattr(exchange, "copy_in", changed_first)
+        assert client.put(k, value) is False
+    finally:
+        client.unregister_buffer(value)
+    assert client.stats()["misses_by_reason"] == {"checksum": 1}
+    monkeypatch.setattr(exchange, "copy_in", original)
+    assert client.get(k) == data(size, 6)
+
+
 def test_a_killed_server_is_a_fast_miss_and_a_restarted_one_is_reached_afresh(link, tmp_path):
     transport, shared = link
     hosts = shared.hosts[:1] if shared.hosts else None
