@@ -45,6 +45,12 @@ def group_hash(group: bytes | None) -> int:
     return 0 if group is None else key_hash(group)
 
 
+# A value hashed and copied (or copied and hashed) in pieces this big stays in L2 between the
+# two passes: on these EPYCs 4 MiB values hash-then-copy at 18.9 GB/s in 256 KiB pieces, 14.8
+# in 1 MiB ones.
+HASH_PIECE = 256 << 10
+
+
 def checksum(data: bytes | memoryview) -> int:
     """xxh3_64 of a value's bytes, as carried in frames and object headers."""
     return xxhash.xxh3_64_intdigest(data)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gcache.frame import Status
+from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.leases import Extent
 from gcache.sdk.protocol import Channel, ReadResult
 
@@ -60,11 +61,10 @@ class Exchange(Protocol):
 
     def copy_in(self, extent: Extent, value: Any,
                 landed: Callable[[int, int], None] | None = None, *,
-                digest: int | None = None) -> int:
-        """One value into its allocated extent; its checksum (``digest`` when the caller
-        hashed the value already, and then the copy does not). ``landed(start, size)``,
-        called as each piece has landed, lets the server hash it meanwhile
-        (``leases.written``)."""
+                ahead: AheadHash | None = None) -> int:
+        """One value into its allocated extent; its checksum (finishing ``ahead``, the hash
+        the caller began, where given). ``landed(start, size)``, called as each piece has
+        landed, lets the server hash it meanwhile (``leases.written``)."""
 
     def end_writes(self, ch: Channel, handles: Sequence[int],
                    digests: Sequence[int]) -> list[Status]:

@@ -37,6 +37,7 @@ from gcache.frame import (
 )
 from gcache.keys import checksum
 from gcache.outcomes import raise_for_status, raise_unless_answer
+from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.protocol import Channel, ReadResult, RequestFields, check_fits
 from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.transport.stream import StreamConnection
@@ -236,10 +237,10 @@ class LeasedExchange(ABC):
     @abstractmethod
     def copy_in(self, extent: Extent, value: Any,
                 landed: Callable[[int, int], None] | None = None, *,
-                digest: int | None = None) -> int:
-        """One value into its allocated extent; its checksum (``digest`` when the caller
-        hashed the value already, and then the copy does not). ``landed(start, size)`` is
-        called as each piece has landed."""
+                ahead: AheadHash | None = None) -> int:
+        """One value into its allocated extent; its checksum (finishing ``ahead``, the hash
+        the caller began, where given). ``landed(start, size)`` is called as each piece has
+        landed."""
 
     def read(self, ch: Channel, key: bytes, out: Any, *,
              verify: bool) -> ReadResult | Status | None:
@@ -257,25 +258,21 @@ class LeasedExchange(ABC):
 
     def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
               flags: int = 0) -> Status:
-        """ALLOC, copy, COMMIT. A host value is hashed while the ALLOC is in flight, so the
-        copy is a plain copy and the round trip costs no time of its own (a GPU value is
+        """ALLOC, copy, COMMIT. A host value is hashed while the ALLOC is in flight, up to
+        its reply (``AheadHash``), and the copy hashes the rest as it goes (a GPU value is
         hashed on its device during the copy). Each piece that has landed is announced with a
         no-reply in-place WRITE, so the server hashes it while the next one is copied and
         COMMIT finds its hash of the arena bytes nearly done; COMMIT compares it with ours: a
         value that changed between our hash and the copy is CHECKSUM_MISMATCH, not stored."""
-        digests: list[int] = []
-
-        def hash_host_value() -> None:
-            if not is_cuda_tensor(value):
-                digests.append(checksum(value))
-
+        ahead = None if is_cuda_tensor(value) else AheadHash(value)
         extent = alloc(ch, key, nbytes(value), group=group, window_s=self.lease_window_s,
-                       flags=flags, meanwhile=hash_host_value)
+                       flags=flags,
+                       meanwhile=None if ahead is None else lambda: ahead.until(ch.conn.readable))
         if not isinstance(extent, Extent):
             return extent
         digest = self.copy_in(extent, value,
                               lambda start, size: written(ch, extent.handle, start, size),
-                              digest=digests[0] if digests else None)
+                              ahead=ahead)
         return commit(ch, extent.handle, digest)
 
     def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,

@@ -24,6 +24,7 @@ import numpy as np
 from gcache.buffer import is_cuda_tensor
 from gcache.errors import ProtocolError
 from gcache.keys import checksum_stream
+from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
 from gcache.sdk.protocol import ReadResult
 from gcache.sdk.tcp_staging import TcpStaged
@@ -69,7 +70,7 @@ class NixlExchange(LeasedExchange):
 
     def copy_in(self, extent: Extent, value: Any,
                 landed: Callable[[int, int], None] | None = None, *,
-                digest: int | None = None) -> int:
+                ahead: AheadHash | None = None) -> int:
         remote = self._remote_of(extent)
         if is_cuda_tensor(value):
             region = self._registered(value, extent.length)
@@ -83,7 +84,7 @@ class NixlExchange(LeasedExchange):
             if landed is not None:
                 landed(0, extent.length)
             return digest
-        return self._write_host(remote, extent, value, landed, digest)
+        return self._write_host(remote, extent, value, landed, ahead)
 
     # ---- host buffers -----------------------------------------------------------------------
 
@@ -117,34 +118,31 @@ class NixlExchange(LeasedExchange):
 
     def _write_host(self, remote: int, extent: Extent, value: memoryview,
                     landed: Callable[[int, int], None] | None = None,
-                    digest: int | None = None) -> int:
-        """``digest``: the value's checksum when the caller hashed it already (the pieces then
-        leave unhashed)."""
+                    ahead: AheadHash | None = None) -> int:
+        """Each piece is hashed (what ``ahead`` has not yet) just before it leaves, while the
+        pieces before it travel."""
         source = np.frombuffer(value, dtype=np.uint8, count=extent.length)
-        hasher = checksum_stream()
+        hashed = AheadHash(value) if ahead is None else ahead
         if self.agent.covering(source.ctypes.data, extent.length) is not None:
             def hash_then_check(start: int, size: int) -> None:   # before each piece leaves
-                if digest is None:
-                    hasher.update(source[start:start + size])  # type: ignore[arg-type]
+                hashed.through(start + size)
                 check_window(extent)
 
             self._pipelined("WRITE", source.ctypes.data, remote, extent.length,
                             before=hash_then_check, after=landed)
-            return hasher.intdigest() if digest is None else digest
+            return hashed.digest()
         for start, size in self._pieces(extent.length, self.bounce.slot_bytes):
             slot = self.bounce.take(self._timeout_s)
             try:
-                piece = self.bounce.array(slot)[:size]
-                piece[:] = source[start:start + size]
-                if digest is None:
-                    hasher.update(piece)  # type: ignore[arg-type]
+                hashed.through(start + size)
+                self.bounce.array(slot)[:size] = source[start:start + size]
                 check_window(extent)
                 self._move("WRITE", self.bounce.region(slot), remote + start, size)
                 if landed is not None:
                     landed(start, size)
             finally:
                 self.bounce.give(slot)
-        return hasher.intdigest() if digest is None else digest
+        return hashed.digest()
 
     def _pipelined(self, op: str, local: int, remote: int, length: int, *,
                    before: Callable[[int, int], None] | None = None,

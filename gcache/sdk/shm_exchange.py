@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gcache.buffer import is_cuda_tensor
-from gcache.keys import checksum_stream
+from gcache.keys import HASH_PIECE, checksum_stream
+from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
 from gcache.transport.cuda import read_into_cuda, write_from_cuda
 from gcache.transport.shm import COPY_CHUNK, ArenaMapping
@@ -41,22 +42,24 @@ class ShmExchange(LeasedExchange):
 
     def copy_in(self, extent: Extent, value: Any,
                 landed: Callable[[int, int], None] | None = None, *,
-                digest: int | None = None) -> int:
+                ahead: AheadHash | None = None) -> int:
         """Copy ``value`` into an allocated extent, calling ``landed(start, size)`` after each
-        chunk; returns its checksum (hashed during the copy unless ``digest`` is given).
+        chunk; returns its checksum (``ahead``: the hash the caller began, finished here).
         Raises WriteWindowPassed, before each chunk, once the extent's write window is over."""
-        hasher = checksum_stream()
         if is_cuda_tensor(value):
+            hasher = checksum_stream()
             check_window(extent)
             write_from_cuda(self.mapping, extent.offset, value, hasher)
             if landed is not None:
                 landed(0, extent.length)
             return hasher.intdigest()
+        hashed = AheadHash(value) if ahead is None else ahead
         for start in range(0, extent.length, COPY_CHUNK):
             check_window(extent)
-            piece = value[start:start + COPY_CHUNK]
-            self.mapping.write_from(extent.offset + start, piece,
-                                    hasher if digest is None else None)
+            end = min(extent.length, start + COPY_CHUNK)
+            for piece in range(start, end, HASH_PIECE):     # each hashed while it is in cache
+                hashed.through(piece + HASH_PIECE)
+                self.mapping.write_from(extent.offset + piece, value[piece:piece + HASH_PIECE])
             if landed is not None:
-                landed(start, len(piece))
-        return hasher.intdigest() if digest is None else digest
+                landed(start, end - start)
+        return hashed.digest()

@@ -11,6 +11,7 @@ from gcache.errors import ProtocolError
 from gcache.frame import Status
 from gcache.keys import checksum
 from gcache.sdk import protocol
+from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.exchange import ReadItem, WriteItem
 from gcache.sdk.leases import Extent
 from gcache.sdk.protocol import Channel, ReadResult
@@ -65,7 +66,7 @@ class TcpExchange:
 
     def copy_in(self, extent: Extent, value: Any,
                 landed: Callable[[int, int], None] | None = None, *,
-                digest: int | None = None) -> int:
+                ahead: AheadHash | None = None) -> int:
         raise ProtocolError("a TCP exchange has no extents to copy into")
 
     def end_writes(self, ch: Channel, handles: Sequence[int],

@@ -199,6 +199,18 @@ class StreamConnection:
     def closed(self) -> bool:
         return self._closed
 
+    def readable(self) -> bool:
+        """Whether a read would find something now: bytes read ahead, or on the socket, or
+        its end (a zero-wait poll; nothing is read)."""
+        if self._rpos < self._rend or self._closed:
+            return True
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | _PEER_GONE)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return True
+
     def peer_closed(self) -> bool:
         """Whether the peer has shut its end or died (a zero-wait poll; nothing is read). A
         poller per call: a batch's IO threads ask this of one connection at once."""

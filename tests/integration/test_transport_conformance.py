@@ -295,19 +295,21 @@ def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch
 
 
 def test_a_value_that_changes_after_it_was_hashed_is_refused_not_stored(client, monkeypatch):
-    """A single put hashes a host value while its ALLOC is in flight and then copies it
-    unhashed: bytes that change in between reach the arena, the server's hash of them differs
-    from ours at COMMIT, and the put is a ``checksum`` miss that leaves the key as it was."""
+    """A single put hashes a host value while its ALLOC is in flight: bytes that change once
+    they are hashed (here the first byte, hashed before the copy) reach the arena, the server's
+    hash of them differs from ours at COMMIT, and the put is a ``checksum`` miss that leaves the
+    key as it was."""
     transport = only(client, "shm", "nixl")
     from gcache.sdk.nixl_exchange import NixlExchange
     from gcache.sdk.shm_exchange import ShmExchange
     exchange = {"shm": ShmExchange, "nixl": NixlExchange}[transport]
     original = exchange.copy_in
 
-    def changed_first(self, extent, value, landed=None, *, digest=None):
-        assert digest is not None, "the host value was not hashed before its copy"
+    def changed_first(self, extent, value, landed=None, *, ahead=None):
+        assert ahead is not None, "a host value's hash did not begin with its ALLOC"
+        ahead.through(1)              # how far the ALLOC's round trip got is the server's pace
         np.frombuffer(value, dtype=np.uint8, count=1)[0] ^= 0xFF
-        return original(self, extent, value, landed, digest=digest)
+        return original(self, extent, value, landed, ahead=ahead)
 
     k, size = key("changed"), SIZES[-1]
     value = np.frombuffer(bytearray(data(size, 5)), dtype=np.uint8)
