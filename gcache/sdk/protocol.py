@@ -36,7 +36,7 @@ from gcache.frame import (
     encode_keys,
     unpack_header,
 )
-from gcache.keys import MAX_KEY_BYTES, checksum_stream
+from gcache.keys import HASH_PIECE, MAX_KEY_BYTES, checksum_stream
 from gcache.outcomes import raise_for_status, raise_unless_answer
 from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.transport.stream import StreamConnection
@@ -126,18 +126,21 @@ def put(ch: Channel, key: bytes, value: memoryview, *, io_size: int, group: int 
         flags: int = 0) -> Status:
     """Store ``value``; returns OK, NO_SPACE or CHECKSUM_MISMATCH. Raises transport errors.
 
-    One PUT frame whose checksum trails the value: each ``io_size`` slice is hashed just before
-    it is sent, while it is in cache, and the server hashes it as it lands, so neither side
-    makes a second pass over the value.
+    One PUT frame whose checksum trails the value: each piece (``HASH_PIECE``, at most
+    ``io_size``) is hashed just before it is sent, so the send finds it in cache and the server
+    receives and hashes one piece while the next is hashed here; neither side makes a second
+    pass over the value. (Hashing a whole ``io_size`` slice before sending any of it held the
+    server idle meanwhile: 1 MiB puts at 3.1-3.6 GB/s against 4.3-4.4 in 256 KiB pieces.)
     """
     request = ch.header(Op.PUT, key=key, payload_len=len(value) + TRAILER.size,
                         flags=FLAG_CHECKSUM_TRAILS | flags, group=group)
     hasher = checksum_stream()
-    first = value[:io_size]
+    step = min(io_size, HASH_PIECE)
+    first = value[:step]
     hasher.update(first)
     ch.conn.send((request.pack(), key, first), timeout_s=ch.timeout_s)
-    for off in range(io_size, len(value), io_size):
-        piece = value[off:off + io_size]
+    for off in range(step, len(value), step):
+        piece = value[off:off + step]
         hasher.update(piece)
         ch.conn.send((piece,), timeout_s=ch.timeout_s)
     ch.conn.send((TRAILER.pack(hasher.intdigest()),), timeout_s=ch.timeout_s)
