@@ -51,6 +51,9 @@ class RouterConfig:
     upstream_connect_s: float = 5.0         # connecting to an engine, then fail over
     upstream_read_s: float = 600.0          # longest silence from an engine (before its first
                                             # byte: a whole unstreamed answer), then it failed
+    hang_hold_s: float = 30.0               # an engine that went silent that long stays out
+                                            # of rotation this long (doubling while it does so
+                                            # again), whatever its health checks say
     view_capacity_pages: int = 1_000_000    # pages each instance's view holds at most
     view_stale_after_s: float = 600.0       # a page not re-stored for this long stops counting
     host_credit: float = 0.8                # policy knobs (gcache.router.policy.PolicyConfig)
@@ -77,6 +80,7 @@ class RouterConfig:
                              ("health_timeout_s", self.health_timeout_s),
                              ("upstream_connect_s", self.upstream_connect_s),
                              ("upstream_read_s", self.upstream_read_s),
+                             ("hang_hold_s", self.hang_hold_s),
                              ("view_stale_after_s", self.view_stale_after_s)):
             if not seconds > 0:
                 raise ConfigError(key, seconds, "must be a positive number of seconds")

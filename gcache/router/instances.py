@@ -8,12 +8,16 @@ An engine cannot be asked this per request, and the router is the one that sends
 Health: an instance is down from its first failed health check or failed connection (or its
 second slow check in a row, ``gcache.router.proxy``), and up
 again at its next passing check; coming back clears its view and event feed, since a restarted
-engine holds no cache (research/router.md §5).
+engine holds no cache (research/router.md §5). An instance that hung (silent past the upstream
+read timeout before its first byte) is held down for a while whatever its checks say
+(``hold_after_hang``): a hung scheduler behind a live HTTP server passes every check, and each
+request sent there would wait out the whole timeout before failing over.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from gcache.router.config import InstanceSpec, RouterConfig
@@ -22,6 +26,8 @@ from gcache.router.policy import InstanceState
 from gcache.router.views import PrefixView
 
 log = logging.getLogger(__name__)
+
+MAX_HOLD_DOUBLINGS = 5
 
 
 class Instance:
@@ -36,6 +42,8 @@ class Instance:
         self.queued_prefill_tokens = 0
         self.running_decodes = 0
         self.slow_checks = 0                      # health checks in a row that timed out
+        self.hangs = 0                            # requests in a row it went silent on
+        self.held_until = 0.0                     # monotonic; down until then after a hang
         self.models: set[str] | None = None       # what it serves; None: every model
 
     def serves(self, model: str) -> bool:
@@ -53,7 +61,22 @@ class Instance:
         if self.subscriber is None:
             self.view.stored(hashes)
 
+    def hold_after_hang(self, hold_s: float, why: str) -> None:
+        """Down, and kept down for ``hold_s`` doubled per earlier hang in a row (at most
+        ``MAX_HOLD_DOUBLINGS`` times): a passing health check does not bring it back sooner."""
+        self.hangs += 1
+        held_s = hold_s * 2 ** min(self.hangs - 1, MAX_HOLD_DOUBLINGS)
+        self.held_until = time.monotonic() + held_s
+        self.mark(False, f"{why}; held out of rotation for {held_s:g}s (hang {self.hangs} "
+                         "in a row)")
+
+    def answered(self) -> None:
+        """It answered a request: a later hang starts the hold afresh."""
+        self.hangs = 0
+
     def mark(self, healthy: bool, why: str) -> None:
+        if healthy and time.monotonic() < self.held_until:
+            return
         if healthy == self.healthy:
             return
         self.healthy = healthy

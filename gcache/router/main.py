@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upstream-read-timeout", dest="upstream_read_s",
                         help="seconds an engine may stay silent (before the first byte of a "
                         "response, or between two chunks) before it counts as failed (600)")
+    parser.add_argument("--hang-hold", dest="hang_hold_s",
+                        help="seconds an engine that went silent past --upstream-read-timeout "
+                        "before its first byte stays out of rotation, though its health checks "
+                        "pass (30; doubled for each such hang in a row, up to 32x)")
     parser.add_argument("--config", help="TOML file with a [router] section")
     parser.add_argument("--log-level", default="INFO")
     return parser

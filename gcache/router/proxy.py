@@ -232,15 +232,16 @@ class Router:
         except UPSTREAM_ERRORS as exc:
             instance.queued_prefill_tokens -= uncached
             _publish_load(instance)
-            instance.mark(False, f"{type(exc).__name__}: {exc}")
+            self._failed_before_answering(instance, exc)
             return None
         instance.routed(hashes)
         try:
             try:
                 first = await upstream.content.readany()
             except UPSTREAM_ERRORS as exc:
-                instance.mark(False, f"dropped the connection before answering: {exc}")
+                self._failed_before_answering(instance, exc)
                 return None
+            instance.answered()
             instance.queued_prefill_tokens -= uncached
             instance.running_decodes += 1
             _publish_load(instance)
@@ -286,6 +287,17 @@ class Router:
                 upstream.release()
             else:
                 upstream.close()
+
+    def _failed_before_answering(self, instance: Instance, exc: BaseException) -> None:
+        """Down; and held down when it went silent (a read timeout, not a refused or slow
+        connection): its health checks would bring it back at once, and every request sent
+        there would wait out the whole read timeout again."""
+        if isinstance(exc, aiohttp.SocketTimeoutError):
+            instance.hold_after_hang(self.config.hang_hold_s, f"silent for "
+                                     f"{self.config.upstream_read_s:g}s before answering")
+        else:
+            instance.mark(False, f"{type(exc).__name__}: {exc}")
+        UP.labels(instance.name).set(0)
 
     # ---- engines announced to the masters ---------------------------------------------------
 

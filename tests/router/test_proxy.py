@@ -148,17 +148,21 @@ def test_a_chat_request_with_an_image_is_looked_up_only_before_the_image(tmp_pat
     assert lookup_tokens(tokenizer, chat, first, prompt_tokens(tokenizer, chat, first)) == []
 
 
-def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request(tmp_path):
+def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request_and_is_held_down(
+        tmp_path):
     """An engine that answers its health checks but never a completion (a hung scheduler)
     holds the request for --upstream-read-timeout only: then it counts as failed and the
-    request goes elsewhere, here nowhere (503 naming it)."""
+    request goes elsewhere, here nowhere (503 naming it). Its passing checks do not bring it
+    back before --hang-hold (so no later request waits out the timeout there again); after
+    the hold it is back, and a second hang in a row holds it twice as long."""
     import http.server
     import threading
 
-    release = threading.Event()
+    release, checks = threading.Event(), []
 
     class Hung(http.server.BaseHTTPRequestHandler):
         def do_GET(self):                        # /health: fine
+            checks.append(time.monotonic())
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -172,25 +176,41 @@ def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request(tmp_pat
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hung)
     engine.daemon_threads = True
     threading.Thread(target=engine.serve_forever, daemon=True).start()
+    name = f"127.0.0.1:{engine.server_port}"
     (port,) = free_ports(1)
     log = tmp_path / "router.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gcache.router.main", "--listen", f"127.0.0.1:{port}",
          "--model", f"tiny={word_tokenizer(tmp_path / 'tok')}",
-         "--instance", f"http://127.0.0.1:{engine.server_port}", "--health-interval", "0.2",
-         "--upstream-read-timeout", "1"],
+         "--instance", f"http://{name}", "--health-interval", "0.2",
+         "--upstream-read-timeout", "1", "--hang-hold", "5"],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
+
+    def up_again(deadline_s: float) -> None:
+        deadline = time.monotonic() + deadline_s
         while call_or_none(url, "/health") != 200:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
+
+    try:
+        up_again(60)
         started = time.monotonic()
         got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
         assert got == 503, body
-        assert f"127.0.0.1:{engine.server_port}" in json.loads(body)["error"]["message"]
+        assert name in json.loads(body)["error"]["message"]
         assert time.monotonic() - started < 20
+        failed = time.monotonic()
+        while sum(t > failed for t in checks) < 3:           # its checks go on passing
+            assert time.monotonic() - failed < 30, log.read_text()
+            time.sleep(0.05)
+        got, body = call(url, "/health")
+        assert got == 503 and json.loads(body)["instances_up"] == [], body
+        assert "held out of rotation for 5s (hang 1 in a row)" in log.read_text()
+        up_again(60)                                         # the hold is over
+        got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
+        assert got == 503, body
+        assert "held out of rotation for 10s (hang 2 in a row)" in log.read_text()
     finally:
         release.set()
         engine.shutdown()
