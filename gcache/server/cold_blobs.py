@@ -18,7 +18,7 @@ from gcache.server.cold_index import ColdEntry, open_index
 
 log = logging.getLogger(__name__)
 
-META = struct.Struct("<QQQQ")        # insertion number, length, checksum, group
+META = struct.Struct("<QQQQ")        # insertion number, length, checksum, group; then the parent
 ORDER = struct.Struct(">Q")          # big-endian, so byte order is insertion order
 SIZE = struct.Struct("<Q")
 
@@ -41,7 +41,8 @@ class BlobColdStore:
         self.evicted_objects = 0
         self.failed_writes = 0
 
-    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0) -> bool:
+    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
+            parent: bytes = b"") -> bool:
         if len(value) > self.capacity_bytes:
             return False
         with self._lock:
@@ -51,7 +52,7 @@ class BlobColdStore:
                     pass
                 number, self._next = self._next, self._next + 1
                 self._db.put(b"v" + key, bytes(value))
-                self._db.put(b"m" + key, META.pack(number, len(value), checksum, group))
+                self._db.put(b"m" + key, META.pack(number, len(value), checksum, group) + parent)
                 self._objects += 1
                 self._db.put(b"o" + ORDER.pack(number), SIZE.pack(len(value)) + key)
                 self._bytes += len(value)
@@ -65,8 +66,8 @@ class BlobColdStore:
         raw = self._db.get(b"m" + key)
         if raw is None:
             return None
-        _, length, checksum, group = META.unpack(raw)
-        return ColdEntry(length, checksum, key, group)
+        _, length, checksum, group = META.unpack_from(raw)
+        return ColdEntry(length, checksum, key, group, bytes(raw[META.size:]))
 
     def keys(self) -> list[bytes]:
         """Every key held (a snapshot)."""
@@ -104,7 +105,7 @@ class BlobColdStore:
         raw = self._db.get(b"m" + key)
         if raw is None:
             return False
-        number, length, _, _ = META.unpack(raw)
+        number, length, _, _ = META.unpack_from(raw)
         self._db.delete(b"m" + key)           # first: no entry ever names a missing value
         self._objects -= 1
         for k in (b"v" + key, b"o" + ORDER.pack(number)):

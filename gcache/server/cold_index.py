@@ -23,6 +23,7 @@ class ColdEntry:
     checksum: int          # xxh3_64 of the value
     location: object       # where the store keeps it (opaque to callers)
     group: int = 0         # xxh3_64 of the placement group it was put with; 0 for none
+    parent: bytes = b""    # the key it hangs from (FLAG_PARENT), back in memory on promotion
 
 
 class RocksIndex:

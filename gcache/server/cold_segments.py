@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 RECORD = struct.Struct("<IHQQQ")       # magic, key_len, length, checksum, group
 RECORD_MAGIC = 0x32434F47              # b"GOC2"
-LOCATION = struct.Struct("<IQQQQ")     # file number, value offset, length, checksum, group
+LOCATION = struct.Struct("<IQQQQ")     # file number, value offset, length, checksum, group; then
+                                       # the parent (none in indexes written before parents)
 FILE_BYTES = 64 << 20
 
 
@@ -66,7 +67,8 @@ class SegmentColdStore:
 
     # ---- the ColdStore protocol -----------------------------------------------------------
 
-    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0) -> bool:
+    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
+            parent: bytes = b"") -> bool:
         """Append ``value``; False when it cannot be stored (too large, disk full)."""
         header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum, group)
         size = len(header) + len(key) + len(value)
@@ -83,7 +85,8 @@ class SegmentColdStore:
                         raise OSError(f"short write of {written} of {size} bytes")
                     known = self._index.get(key) is not None
                     self._index.put(key, LOCATION.pack(self._current, offset + len(header) +
-                                                       len(key), len(value), checksum, group))
+                                                       len(key), len(value), checksum, group)
+                                     + parent)
                     self._objects += not known
                     return True
                 except OSError as exc:
@@ -98,8 +101,8 @@ class SegmentColdStore:
         raw = self._index.get(key)
         if raw is None:
             return None
-        number, offset, length, checksum, group = LOCATION.unpack(raw)
-        return ColdEntry(length, checksum, (number, offset), group)
+        number, offset, length, checksum, group = LOCATION.unpack_from(raw)
+        return ColdEntry(length, checksum, (number, offset), group, bytes(raw[LOCATION.size:]))
 
     def keys(self) -> list[bytes]:
         """Every key the index holds (a snapshot)."""
@@ -178,7 +181,7 @@ class SegmentColdStore:
         dropped = 0
         for key in _keys_in(self._file(oldest)):
             raw = self._index.get(key)
-            if raw is not None and LOCATION.unpack(raw)[0] == oldest:
+            if raw is not None and LOCATION.unpack_from(raw)[0] == oldest:
                 self._index.delete(key)
                 self._objects -= 1
                 dropped += 1

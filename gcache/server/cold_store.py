@@ -25,9 +25,11 @@ class ColdStore(Protocol):
         """How much of a value ``read_into`` should be asked for at a time (a promotion hashes
         each piece while it is still in the CPU cache)."""
 
-    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0) -> bool:
-        """Store ``value`` (its xxh3_64 ``checksum``, placement-group hash ``group``) in place
-        of any older one; False when it cannot be stored (too large, disk full)."""
+    def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
+            parent: bytes = b"") -> bool:
+        """Store ``value`` (its xxh3_64 ``checksum``, placement-group hash ``group``, the key
+        it hangs from ``parent``) in place of any older one; False when it cannot be stored
+        (too large, disk full)."""
 
     def lookup(self, key: bytes) -> ColdEntry | None: ...
 

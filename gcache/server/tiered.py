@@ -215,7 +215,8 @@ class TieredStore:
             self.cold_misses += 1
             return False
         handle, _, target = self.hot.alloc(key, entry.length, expires=False,
-                                           wait_s=PROMOTE_WAIT_S, group=entry.group)
+                                           wait_s=PROMOTE_WAIT_S, group=entry.group,
+                                           parent=entry.parent)
         target.release()
         try:
             if not self._read_hashing(entry, handle):
@@ -302,7 +303,7 @@ class TieredStore:
             self.dropped_objects += 1
             log.error("hot.checksum_mismatch key=%r: not demoted", entry.key[:64])
             return 0
-        if self.cold.put(entry.key, value, entry.checksum, entry.group):
+        if self.cold.put(entry.key, value, entry.checksum, entry.group, entry.parent):
             return 1
         self.dropped_objects += 1
         return 0

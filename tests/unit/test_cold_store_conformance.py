@@ -48,8 +48,9 @@ def value_of(n_bytes: int, seed: int) -> bytes:
     return bytes((seed + i * 7) % 251 for i in range(n_bytes))
 
 
-def put(store: ColdStore, key: bytes, value: bytes, *, group: int = 0) -> None:
-    assert store.put(key, memoryview(value), checksum(value), group)
+def put(store: ColdStore, key: bytes, value: bytes, *, group: int = 0,
+        parent: bytes = b"") -> None:
+    assert store.put(key, memoryview(value), checksum(value), group, parent)
 
 
 def test_a_put_value_is_found_with_its_length_checksum_and_group(store):
@@ -58,7 +59,24 @@ def test_a_put_value_is_found_with_its_length_checksum_and_group(store):
     entry = store.lookup(b"k")
     assert entry is not None
     assert (entry.length, entry.checksum, entry.group) == (len(value), checksum(value), 0xFEED)
+    assert entry.parent == b""
     assert store.lookup(b"absent") is None
+
+
+def test_a_parent_is_kept_with_its_value_and_through_eviction_of_others(store):
+    """What a value hangs from comes back with it (a promotion gives it back to memory);
+    an entry put without one, as every entry written before parents existed, has none."""
+    put(store, b"child", value_of(1000, 2), parent=b"p" * 63)
+    put(store, b"orphan", value_of(1000, 3))
+    for i in range(6):                                   # fill past the capacity: evictions
+        put(store, b"filler%d" % i, value_of(400 << 10, i), parent=b"filler%d" % (i - 1))
+    newest = store.lookup(b"filler5")
+    assert newest is not None and newest.parent == b"filler4"
+    out = bytearray(newest.length)
+    assert store.read_into(newest, memoryview(out)) and out == value_of(400 << 10, 5)
+    for key, parent in ((b"child", b"p" * 63), (b"orphan", b"")):
+        entry = store.lookup(key)
+        assert entry is None or entry.parent == parent
 
 
 def test_read_into_reads_the_whole_value_or_a_piece_at_an_offset(store):
@@ -138,7 +156,7 @@ def test_what_was_put_and_synced_is_there_after_a_reopen(make, tmp_path):
     path = tmp_path / "cold"
     first = make(path)
     try:
-        put(first, b"kept", b"kept" * 300, group=9)
+        put(first, b"kept", b"kept" * 300, group=9, parent=b"its parent")
         put(first, b"dropped", b"d" * 10)
         first.delete(b"dropped")
         first.sync()
@@ -147,7 +165,7 @@ def test_what_was_put_and_synced_is_there_after_a_reopen(make, tmp_path):
     again = make(path)
     try:
         entry = again.lookup(b"kept")
-        assert entry is not None and entry.group == 9
+        assert entry is not None and (entry.group, entry.parent) == (9, b"its parent")
         out = bytearray(entry.length)
         assert again.read_into(entry, memoryview(out)) and out == b"kept" * 300
         assert again.keys() == [b"kept"] and again.object_count() == 1

@@ -180,3 +180,24 @@ def test_parents_that_make_a_cycle_cost_the_sweep_one_walk(tier_factory):
     put(tier, b"below", b"x", b"ping")
     tier.sweep_unreachable()
     assert tier.stats()["unreachable_objects"] == 4
+
+
+def test_a_value_demoted_to_disk_and_read_back_keeps_its_parent(tier_factory, tmp_path):
+    """The cold tier keeps what a value hangs from, so a promotion hands it back to memory's
+    reclaim (a value promoted without it would keep second chances it can no longer use)."""
+    from gcache.server.cold_segments import SegmentColdStore
+    from gcache.server.tiered import TieredStore
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    store = TieredStore(tier_factory(cold_backed=True), SegmentColdStore(str(disk), 16 << 20),
+                        headroom_segments=2)
+    try:
+        put(store, b"p0", VALUE)
+        put(store, b"p1", VALUE, b"p0")
+        assert store.demote([store.hot.entry(b"p0"), store.hot.entry(b"p1")]) == 2
+        assert store.cold.lookup(b"p1").parent == b"p0"
+        assert store.hot.delete(b"p1") and store.hot.entry(b"p1") is None   # memory let it go
+        assert read(store, b"p1") == VALUE                                  # promoted
+        assert store.hot.entry(b"p1").parent == b"p0"
+    finally:
+        store.cold.close()
