@@ -27,10 +27,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gcache.kv import KVStore, ModelLayout
 from gcache.kv.optimal import OptimalBound
 from gcache.kv.replay import (
+    CLUSTER_SAMPLE_EVERY,
     DEFAULT_BUDGETS,
     DEFAULT_POLICIES,
     OPTIMAL,
@@ -46,6 +48,9 @@ from gcache.kv.replay import (
     write_json,
 )
 from gcache.kv.trace import BLOCK_SIZE, iter_tokens, read_trace
+
+if TYPE_CHECKING:
+    from gcache.sdk import Client
 
 DEFAULT_TRACE = "data/traces/conversation_trace.jsonl"
 MIN_SEGMENT_BYTES = 64 << 10
@@ -83,6 +88,28 @@ def arena_for_budget(trace: PreparedTrace, scale: int, budget: float,
     return max(2, per_server // segment) * segment, segment
 
 
+SWEEP_S = 0.5           # the servers' unreachable sweep during a replay (10 s by default)
+
+
+class ServersHeld:
+    """What the servers hold, read every ``CLUSTER_SAMPLE_EVERY`` requests: the bytes in memory and
+    those their last sweep found behind a missing parent (STAT's ``tier``)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.bytes = self.unreachable_bytes = 0
+
+    def sample(self) -> None:
+        for stats in self.client.server_stats().values():
+            if stats is not None:
+                self.bytes += stats["tier"]["bytes"]
+                self.unreachable_bytes += stats["tier"]["unreachable_bytes"]
+
+    @property
+    def unreachable_share(self) -> float:
+        return self.unreachable_bytes / self.bytes if self.bytes else 0.0
+
+
 def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budgets: list[float],
                    *, servers: int, log: Callable[[str], object] = print) -> list[ReplayRow]:
     """Rows measured on real servers for the requests of ``trace``."""
@@ -95,26 +122,33 @@ def replay_cluster(trace: PreparedTrace, scale: int, policies: list[str], budget
     rows = []
     for budget in budgets:
         memory, segment = arena_for_budget(trace, scale, budget, servers)
-        results = {}
+        results: dict[str, tuple[float, int]] = {}
+        unreachable: dict[str, float] = {}
         for name in policies:
             started = time.monotonic()
             with LocalCluster(servers, memory=str(memory),
-                              server_args=("--segment-size", str(segment))) as cluster, \
+                              server_args=("--segment-size", str(segment),
+                                           "--unreachable-sweep", str(SWEEP_S))) as cluster, \
                     Client(cluster.addresses, timeout_s=2.0) as client, \
                     KVStore(client, layout, policy=name, pressure_poll_s=0.0) as store:
                 source, hits, stored = ZeroKV(layout), 0, 0
-                for tokens in token_lists:
+                held = ServersHeld(client)
+                for n, tokens in enumerate(token_lists):
                     probe = store.probe(tokens)
                     hits += probe.hit_tokens
                     if probe.hit_tokens:        # an engine loads what it hits: a read
                         store.load(tokens, probe.hit_tokens, source).wait(timeout_s=30.0)
                     stored += store.save(tokens, source, probe=probe).bytes_written
+                    if n % CLUSTER_SAMPLE_EVERY == CLUSTER_SAMPLE_EVERY - 1:
+                        held.sample()
             results[name] = (hits / trace.input_tokens, stored * scale)
+            unreachable[name] = held.unreachable_share
             log(f"  cluster {name:<14} budget {budget:>5.0%}: hit rate "
-                f"{results[name][0]:.4f} ({time.monotonic() - started:.1f} s, "
+                f"{results[name][0]:.4f}, unreachable {unreachable[name]:.1%} "
+                f"({time.monotonic() - started:.1f} s, "
                 f"{servers} × {memory / 2**20:.1f} MiB arenas)")
         rows += rows_for_budget(budget, results, source="cluster",
-                                requests=len(trace.requests))
+                                requests=len(trace.requests), unreachable=unreachable)
     return rows
 
 

@@ -34,6 +34,12 @@ from gcache.kv.trace import TraceRequest, iter_tokens
 DEFAULT_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 DEFAULT_POLICIES = ("full-layer", "tail", "checkpoint-4", "checkpoint-16", "adaptive")
 OPTIMAL = "optimal"            # the policy name of the offline-optimal rows
+CLUSTER_SAMPLE_EVERY = 50      # requests between two readings of what a cluster's servers hold
+UNREACHABLE_MEASURED = {
+    "model": "(over all lookups)",
+    "cluster": f"(what the servers' sweeps found, read every {CLUSTER_SAMPLE_EVERY} requests; "
+               "a server counts only parents it owns)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +53,7 @@ class ReplayRow:
     source: str                # "model" or "cluster"
     requests: int
     of_optimal: float | None = None         # hit_rate / the optimal row's (None: no such row)
-    unreachable_share: float | None = None  # held bytes that could not hit / held (model only)
+    unreachable_share: float | None = None  # held bytes that could not hit / held bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,7 @@ def replay_model(trace: PreparedTrace, policies: Iterable[str] = DEFAULT_POLICIE
 def rows_for_budget(budget: float, results: dict[str, tuple[float, int]], *, source: str,
                     requests: int, unreachable: dict[str, float] | None = None
                     ) -> list[ReplayRow]:
-    """Rows of one budget from ``{policy: (hit_rate, stored_bytes)}`` and, for model rows,
+    """Rows of one budget from ``{policy: (hit_rate, stored_bytes)}`` and, where measured,
     ``{policy: unreachable share}``."""
     baseline = results.get("full-layer", (0.0, 0))[1]
     shares = unreachable or {}
@@ -161,7 +167,7 @@ def format_table(rows: Sequence[ReplayRow]) -> str:
         for field, title, fmt in (
                 ("of_optimal", "hit rate / optimal", "{:>9.3f}"),
                 ("unreachable_share", "unreachable: share of held bytes behind a missing "
-                 "page of their prefix (over all lookups)", "{:>9.1%}")):
+                 "page of their prefix " + UNREACHABLE_MEASURED[source], "{:>9.1%}")):
             shown = [p for p in policies if p != OPTIMAL and any(
                 getattr(r, field) is not None for r in chosen if r.policy == p)]
             if shown:

@@ -55,6 +55,9 @@ def test_model_and_real_cluster_agree_within_two_points(mimo_pro):
     assert [r.policy for r in model] == [r.policy for r in cluster]
     for m, c in zip(model, cluster):
         assert abs(m.hit_rate - c.hit_rate) <= 0.02, (m, c)
+        assert c.unreachable_share is not None and 0 <= c.unreachable_share < 1, c
+        if c.is_default:             # the bound for the default policy
+            assert c.unreachable_share <= 0.05 and m.unreachable_share <= 0.05, (m, c)
     assert max(r.hit_rate for r in cluster) > 0.01        # the comparison is not 0 against 0
 
 
