@@ -35,11 +35,13 @@ DEFAULT_BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 DEFAULT_POLICIES = ("full-layer", "tail", "checkpoint-4", "checkpoint-16", "adaptive")
 OPTIMAL = "optimal"            # the policy name of the offline-optimal rows
 CLUSTER_SAMPLE_EVERY = 50      # requests between two readings of what a cluster's servers hold
+# How each source's unreachable share was measured (the model's rows for the cluster's subset
+# of the trace are "model-subset")
 UNREACHABLE_MEASURED = {
-    "model": "(over all lookups)",
     "cluster": f"(what the servers' sweeps found, read every {CLUSTER_SAMPLE_EVERY} requests; "
                "a server counts only parents it owns)",
 }
+MODEL_UNREACHABLE = "(over all lookups)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,8 @@ def format_table(rows: Sequence[ReplayRow]) -> str:
         for field, title, fmt in (
                 ("of_optimal", "hit rate / optimal", "{:>9.3f}"),
                 ("unreachable_share", "unreachable: share of held bytes behind a missing "
-                 "page of their prefix " + UNREACHABLE_MEASURED[source], "{:>9.1%}")):
+                 "page of their prefix " + UNREACHABLE_MEASURED.get(source, MODEL_UNREACHABLE),
+                 "{:>9.1%}")):
             shown = [p for p in policies if p != OPTIMAL and any(
                 getattr(r, field) is not None for r in chosen if r.policy == p)]
             if shown:

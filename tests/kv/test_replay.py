@@ -5,12 +5,13 @@ import json
 import pathlib
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from gcache.cli.replay import replay_cluster
 from gcache.kv import ModelLayout
-from gcache.kv.replay import prepare, replay_model
+from gcache.kv.replay import format_table, prepare, replay_model
 from gcache.kv.trace import BLOCK_SIZE, read_trace, request_tokens
 
 TRACE = str(pathlib.Path(__file__).resolve().parents[2] / "data/traces/conversation_trace.jsonl")
@@ -59,6 +60,8 @@ def test_model_and_real_cluster_agree_within_two_points(mimo_pro):
         if c.is_default:             # the issue's bound for the default policy
             assert c.unreachable_share <= 0.05 and m.unreachable_share <= 0.05, (m, c)
     assert max(r.hit_rate for r in cluster) > 0.01        # the comparison is not 0 against 0
+    table = format_table([replace(r, source="model-subset") for r in model] + cluster)
+    assert "(over all lookups)" in table and "what the servers' sweeps found" in table
 
 
 def test_replay_command_writes_rows_and_a_png(tmp_path):
