@@ -14,7 +14,7 @@ import sys
 
 from dataplane import small_page_lines
 
-from gcache.kv.replay import OPTIMAL
+from gcache.kv.replay import CLUSTER_SAMPLE_EVERY, OPTIMAL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,6 +120,24 @@ def render_replay(report: dict) -> str:
                   f"{cluster[0]['requests']} requests, against the in-process model on the same "
                   f"requests (largest difference {worst * 100:.2f} points):", ""]
         lines += _hit_table(cluster, model=model)
+        shares = {(r["policy"], r["budget_fraction"]): r["unreachable_share"] for r in rows
+                  if r["source"] == "model-subset"}
+        if all(r.get("unreachable_share") is not None for r in cluster):
+            budgets = sorted({r["budget_fraction"] for r in cluster})
+            cell = {(r["policy"], r["budget_fraction"]): r for r in cluster}
+            lines += ["", "Unreachable share of the bytes held, as the servers' sweeps found it "
+                      f"(STAT `tier.unreachable_bytes` over `tier.bytes`, read every "
+                      f"{CLUSTER_SAMPLE_EVERY} requests; a server counts only parents it owns, "
+                      "so it sees less than the model, whose share is summed over every "
+                      "lookup):", "",
+                      "| policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |",
+                      "|---|" + "---:|" * len(budgets)]
+            for policy in dict.fromkeys(r["policy"] for r in cluster):
+                lines.append(f"| {policy} | " + " | ".join(
+                    f"{cell[(policy, b)]['unreachable_share']:.3f} (model "
+                    f"{shares[(policy, b)]:.3f})" if shares.get((policy, b)) is not None
+                    else f"{cell[(policy, b)]['unreachable_share']:.3f}"
+                    for b in budgets) + " |")
     lines += ["", "![hit rate versus budget](bench/results/replay-latest.png)"]
     return "\n".join(lines)
 
