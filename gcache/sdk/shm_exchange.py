@@ -57,9 +57,13 @@ class ShmExchange(LeasedExchange):
         for start in range(0, extent.length, COPY_CHUNK):
             check_window(extent)
             end = min(extent.length, start + COPY_CHUNK)
-            for piece in range(start, end, HASH_PIECE):     # each hashed while it is in cache
-                hashed.through(piece + HASH_PIECE)
-                self.mapping.write_from(extent.offset + piece, value[piece:piece + HASH_PIECE])
+            if hashed.hashed >= end:          # hashed during the ALLOC: one copy (COPY_CHUNK)
+                self.mapping.write_from(extent.offset + start, value[start:end])
+            else:                             # each piece hashed just before it is copied
+                for piece in range(start, end, HASH_PIECE):
+                    hashed.through(piece + HASH_PIECE)
+                    self.mapping.write_from(extent.offset + piece,
+                                            value[piece:piece + HASH_PIECE])
             if landed is not None:
                 landed(start, end - start)
         return hashed.digest()

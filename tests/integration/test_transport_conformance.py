@@ -294,6 +294,27 @@ def test_a_write_past_its_lease_window_is_refused_not_landed(client, monkeypatch
     assert client.put(k, data(10_000, 4)) and client.get(k) == data(10_000, 4)
 
 
+@pytest.mark.parametrize("ahead_bytes", [0, (3 << 20) // 2 + 5, 3 << 20])
+def test_a_put_lands_whole_however_far_its_hash_got_during_the_alloc(client, monkeypatch,
+                                                                       ahead_bytes):
+    """The ALLOC's round trip hashes as much of a value as it lasts (the server's pace); the
+    copy then hashes the rest piece by piece and copies what was hashed already as it is."""
+    transport = only(client, "shm", "nixl")
+    from gcache.sdk.nixl_exchange import NixlExchange
+    from gcache.sdk.shm_exchange import ShmExchange
+    exchange = {"shm": ShmExchange, "nixl": NixlExchange}[transport]
+    original = exchange.copy_in
+
+    def hashed_so_far(self, extent, value, landed=None, *, ahead=None):
+        ahead.through(ahead_bytes)
+        return original(self, extent, value, landed, ahead=ahead)
+
+    monkeypatch.setattr(exchange, "copy_in", hashed_so_far)
+    k, raw = key("ahead"), data(3 << 20, ahead_bytes)
+    assert client.put(k, raw) is True
+    assert client.get(k) == raw
+
+
 def test_a_value_that_changes_after_it_was_hashed_is_refused_not_stored(client, monkeypatch):
     """A single put hashes a host value while its ALLOC is in flight: bytes that change once
     they are hashed (here the first byte, hashed before the copy) reach the arena, the server's
