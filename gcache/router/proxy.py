@@ -239,7 +239,8 @@ class Router:
             try:
                 first = await upstream.content.readany()
             except UPSTREAM_ERRORS as exc:
-                self._failed_before_answering(instance, exc)
+                self._failed_before_answering(instance, exc, "dropped the connection before "
+                                                             "answering: ")
                 return None
             instance.answered()
             instance.queued_prefill_tokens -= uncached
@@ -288,7 +289,8 @@ class Router:
             else:
                 upstream.close()
 
-    def _failed_before_answering(self, instance: Instance, exc: BaseException) -> None:
+    def _failed_before_answering(self, instance: Instance, exc: BaseException,
+                                 what: str = "") -> None:
         """Down; and held down when it went silent (a read timeout, not a refused or slow
         connection): its health checks would bring it back at once, and every request sent
         there would wait out the whole read timeout again."""
@@ -296,7 +298,7 @@ class Router:
             instance.hold_after_hang(self.config.hang_hold_s, f"silent for "
                                      f"{self.config.upstream_read_s:g}s before answering")
         else:
-            instance.mark(False, f"{type(exc).__name__}: {exc}")
+            instance.mark(False, f"{what}{type(exc).__name__}: {exc}")
         UP.labels(instance.name).set(0)
 
     # ---- engines announced to the masters ---------------------------------------------------
