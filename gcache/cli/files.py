@@ -1,5 +1,5 @@
-"""``gcache files push DIR --name NAME`` / ``pull NAME DEST`` / ``ls [PREFIX]`` / ``rm NAME``:
-directories (model weights) in GCache through ``gcache.files``.
+"""``gcache files push DIR --name NAME`` / ``pull NAME DEST`` / ``ls [PREFIX]`` / ``rm NAME`` /
+``prune NAME``: directories (model weights) in GCache through ``gcache.files``.
 
 A pushed directory is its files, each stored as ``NAME/<relative path>``, and an index stored as
 ``NAME`` itself (a JSON list of the relative paths and sizes, with metadata ``kind:
@@ -21,7 +21,8 @@ from gcache.errors import InvalidRequest
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     files = sub.add_parser("files",
-                           help="directories (model weights) in GCache: push, pull, ls, rm")
+                           help="directories (model weights) in GCache: push, pull, ls, rm, "
+                           "prune")
     verbs = files.add_subparsers(dest="verb", required=True)
     push = verbs.add_parser("push", help="store every file under DIR as NAME/<path>")
     push.add_argument("dir")
@@ -35,7 +36,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ls.add_argument("prefix", nargs="?", default="")
     rm = verbs.add_parser("rm", help="delete NAME's files, and the chunks no other file shares")
     rm.add_argument("name")
-    for verb in (push, pull, ls, rm):
+    prune = verbs.add_parser("prune", help="drop the earlier versions of NAME's files (each "
+                             "push keeps the last one pinned for its readers until then)")
+    prune.add_argument("name")
+    for verb in (push, pull, ls, rm, prune):
         add_target_flags(verb)
         verb.add_argument("--chunk-size", type=int, default=None,
                           help="bytes per chunk (default: one fills a 16 MiB arena segment)")
@@ -57,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
                 return _pull(store, args.name, pathlib.Path(args.dest), args.quiet)
             if args.verb == "ls":
                 return _ls(store, args.prefix)
+            if args.verb == "prune":
+                print(f"pruned {args.name}: {store.prune(args.name)} earlier versions dropped")
+                return 0
             print(f"removed {args.name} ({remove_directory(store, args.name)} files)")
             return 0
         except FileNotFoundError as exc:

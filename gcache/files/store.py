@@ -15,8 +15,9 @@ Every part of a file (chunk, manifest, name) is put pinned (``Client.put(pinned=
 server keeps it in memory, never evicted by KV traffic, within the server's pin budget
 (``gcache-server --pin-share``, half the hot tier by default; past it a put is refused and
 ``put_file`` raises ``FileNotStored``). So a file's memory comes back only by ``delete``, which
-removes the name, every version of it (a push of a new version leaves the old one readable by
-readers who resolved it), and the chunks no other file's manifest names. Servers list their
+removes the name, every version of it, and the chunks no other file's manifest names, or by
+``prune``, which drops the earlier versions only: a push of a new version leaves the old one
+readable by readers who resolved it, until a prune. Servers list their
 pinned keys (``Client.list_pinned``), which is also how ``list`` finds the names under a prefix
 and ``delete`` finds the other manifests. A delete racing a push of other files sharing chunks
 with it may take a chunk the push found present and did not store again: that file's reads
@@ -70,6 +71,16 @@ def replica_group(digest: str, copy: int, attempt: int) -> str:
     """The placement group of extra copy ``copy`` at placement ``attempt``: attempts go on
     until the copy's owner differs from every earlier copy's, and the manifest records it."""
     return f"file/c/{digest}/r{copy}/{attempt}"
+
+
+def _chunk_copies(manifest: Manifest, index: int) -> list[tuple[str, str | None]]:
+    """(key, group) of each copy of ``manifest``'s chunk ``index``: the chunk, then the extra
+    copies where this version placed them."""
+    chunk = manifest.chunks[index]
+    extra = manifest.placements[index] if manifest.placements else ()
+    return [(chunk_key(chunk), None)] + [(replica_key(chunk, copy),
+                                          replica_group(chunk, copy, attempt))
+                                         for copy, attempt in enumerate(extra, start=1)]
 
 
 def manifest_key(digest: str) -> str:
@@ -250,30 +261,48 @@ class FileStore:
         doomed = set(names)
         keys = [name_key(name) for name in doomed]
         manifests = self._all_manifests()
-        kept = {chunk for m in manifests.values() if m.name not in doomed for chunk in m.chunks}
         found = {m.name for m in manifests.values() if m.name in doomed}
         for name, key in zip(doomed, keys, strict=True):
             if [self.client.delete(k, group=g)
                     for k, g in self._small_copies(key, MAX_SMALL_COPIES)].count(True):
                 found.add(name)
-        gone: set[tuple[str, str | None]] = set()   # once, though several versions name it
-        for digest, manifest in manifests.items():
-            if manifest.name not in doomed:
-                continue
-            for i, chunk in enumerate(manifest.chunks):
-                if chunk in kept:
-                    continue
-                copies = [(chunk_key(chunk), None)] + [
-                    (replica_key(chunk, copy), replica_group(chunk, copy, attempt))
-                    for copy, attempt in enumerate(manifest.placements[i] if
-                                                   manifest.placements else (), start=1)]
-                for k, g in copies:               # each version's own replica placements
-                    if (k, g) not in gone:
-                        gone.add((k, g))
+        self._drop_versions({d: m for d, m in manifests.items() if m.name in doomed}, manifests)
+        return len(found)
+
+    def prune(self, prefix: str) -> int:
+        """Drop the earlier versions of the file ``prefix`` and of every file under
+        ``prefix/`` (of every file, for ``""``): their manifests and the chunks no version
+        kept names (every copy), which a push of a new version leaves pinned. How many
+        versions were dropped.
+
+        A reader that resolved an earlier version gets ``MissingRanges`` for its dropped
+        chunks from then on. Not while the same names are pushed: a version whose name was
+        not yet switched to it counts as an earlier one."""
+        manifests = self._all_manifests()
+        under = prefix.rstrip("/") + "/"
+        names = sorted({m.name for m in manifests.values()
+                        if not prefix or m.name == prefix or m.name.startswith(under)})
+        pointers = self._get_smalls([name_key(name) for name in names])
+        current = {p.decode(errors="replace") for p in pointers if p is not None}
+        doomed = {d: m for d, m in manifests.items() if m.name in names and d not in current}
+        self._drop_versions(doomed, manifests)
+        return len(doomed)
+
+    def _drop_versions(self, doomed: dict[str, Manifest], every: dict[str, Manifest]) -> None:
+        """Delete the manifests ``doomed`` (by digest) and each copy of their chunks that no
+        other manifest of ``every`` names (a version with fewer replicas may share a chunk
+        and not its extra copies): the chunks first, so a delete cut short leaves a manifest
+        to find them by."""
+        kept = {copy for d, m in every.items() if d not in doomed
+                for i in range(len(m.chunks)) for copy in _chunk_copies(m, i)}
+        for digest, manifest in doomed.items():
+            for i in range(len(manifest.chunks)):
+                for k, g in _chunk_copies(manifest, i):
+                    if (k, g) not in kept:
+                        kept.add((k, g))          # once, though several versions name it
                         self.client.delete(k, group=g)
             for k, g in self._small_copies(manifest_key(digest), MAX_SMALL_COPIES):
                 self.client.delete(k, group=g)
-        return len(found)
 
     # ---- read -----------------------------------------------------------------------------------
 

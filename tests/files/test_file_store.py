@@ -225,7 +225,7 @@ def test_unknown_names_and_bad_arguments_are_refused_by_name(files, tmp_path):
         Manifest.from_bytes(b"{}")
 
 
-def test_gcache_files_push_pull_rm(cluster, tmp_path):
+def test_gcache_files_push_pull_prune_rm(cluster, tmp_path):
     import subprocess
     import sys
     pushed = shards(tmp_path / "model", count=2, seed=5)
@@ -255,6 +255,16 @@ def test_gcache_files_push_pull_rm(cluster, tmp_path):
                             for p in pushed + [tmp_path / "model" / "sub" / "config.json"])
     assert done.stdout.splitlines()[-1].startswith("3 files, ")
     assert "directory  tiny-model\n" in gcache("ls").stdout
+    (tmp_path / "model" / "sub" / "config.json").write_text('{"layers": 3}')
+    assert gcache("push", str(tmp_path / "model"), "--name", "tiny-model").returncode == 0
+    done = gcache("prune", "tiny-model")    # first versions: the index, config, two shards
+    assert done.returncode == 0, done.stderr
+    assert "pruned tiny-model: 4 earlier versions dropped" in done.stdout   # with 2 replicas
+    done = gcache("pull", "tiny-model", str(tmp_path / "pruned"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "pruned" / "sub" / "config.json").read_text() == '{"layers": 3}'
+    with Client(cluster.addresses, timeout_s=5.0) as client:     # the kept versions have one
+        assert not [k for k in client.list_pinned("file/c/") if b"/r" in k]   # copy each
     assert gcache("rm", "tiny-model").returncode == 0
     done = gcache("pull", "tiny-model", str(tmp_path / "again"))
     assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr
@@ -324,3 +334,35 @@ def test_delete_takes_every_versions_replicas(files):
         files.put_file(name, data + b"!", replicas=2)
     assert files.delete_many(names) == 6
     assert files.client.list_pinned("file/") == []
+
+
+def test_prune_drops_earlier_versions_and_only_their_own_chunks(files):
+    """Each push leaves the version before it pinned for its readers; a prune takes the
+    earlier versions under its prefix and the chunks no kept version names, keeps the current
+    ones readable, and touches no other name."""
+    rng = np.random.default_rng(10)
+    shared, old, new = (rng.integers(0, 256, n * CHUNK, np.uint8).tobytes() for n in (2, 2, 1))
+    files.put_file("w/a", shared + old)
+    first = files.stat("w/a")
+    files.put_file("w/a", shared + new)                 # shares two chunks with the first
+    files.put_file("w/b", old)
+    files.put_file("w/b", new + b"b2")
+    files.put_file("x", shared)                         # outside the prefix
+    files.put_file("x", shared + b"x2")
+    before = pinned_parts(files.client)
+    assert files.prune("w") == 2                        # w/a's first version, w/b's first
+    current = {"w/a": shared + new, "w/b": new + b"b2", "x": shared + b"x2"}
+    for name, value in current.items():
+        out = bytearray(len(value))
+        files.get_file(name, out)
+        assert bytes(out) == value, name
+    kept = {c for name in current for c in files.stat(name).chunks}
+    assert {k.decode() for k in files.client.list_pinned("file/c/")} == \
+        {f"file/c/{c}" for c in kept}                   # old's two chunks went, nothing else
+    assert pinned_parts(files.client) < before
+    with pytest.raises(MissingRanges):                  # a reader of w/a's first version
+        files.get_file(first, bytearray(first.size))
+    assert files.prune("w") == 0
+    assert files.prune("") == 1                         # x's first: its chunks are x's now
+    assert {k.decode() for k in files.client.list_pinned("file/c/")} == \
+        {f"file/c/{c}" for c in kept}
