@@ -280,9 +280,9 @@ class FileStore:
         not yet switched to it counts as an earlier one."""
         manifests = self._all_manifests()
         under = prefix.rstrip("/") + "/"
-        names = sorted({m.name for m in manifests.values()
-                        if not prefix or m.name == prefix or m.name.startswith(under)})
-        pointers = self._get_smalls([name_key(name) for name in names])
+        names = {m.name for m in manifests.values()
+                 if not prefix or m.name == prefix or m.name.startswith(under)}
+        pointers = self._get_smalls([name_key(name) for name in sorted(names)])
         current = {p.decode(errors="replace") for p in pointers if p is not None}
         doomed = {d: m for d, m in manifests.items() if m.name in names and d not in current}
         self._drop_versions(doomed, manifests)
