@@ -85,7 +85,9 @@ def content_digest(entries: list[DirectoryEntry], *, suffix: str = "") -> str:
 
 def remove_directory(store: FileStore, name: str) -> int:
     """Delete ``name``'s files and index (``FileStore.delete_many``: their chunks too, unless
-    another file names them); the files removed."""
+    another file names them), with every file under ``name/`` that its index no longer lists
+    (an earlier push had it); the files removed."""
     entries = directory_index(store, name)
-    store.delete_many([f"{name}/{entry.path}" for entry in entries] + [name])
-    return len(entries)
+    files = {f"{name}/{entry.path}" for entry in entries} | set(store.list(f"{name}/"))
+    store.delete_many(sorted(files) + [name])
+    return len(files)

@@ -256,16 +256,20 @@ def test_gcache_files_push_pull_prune_rm(cluster, tmp_path):
     assert done.stdout.splitlines()[-1].startswith("3 files, ")
     assert "directory  tiny-model\n" in gcache("ls").stdout
     (tmp_path / "model" / "sub" / "config.json").write_text('{"layers": 3}')
+    (tmp_path / "model" / "sub" / "extra.json").write_text("{}")
     assert gcache("push", str(tmp_path / "model"), "--name", "tiny-model").returncode == 0
-    done = gcache("prune", "tiny-model")    # first versions: the index, config, two shards
+    (tmp_path / "model" / "sub" / "extra.json").unlink()       # the next push no longer has it
+    assert gcache("push", str(tmp_path / "model"), "--name", "tiny-model").returncode == 0
+    done = gcache("prune", "tiny-model")    # two earlier indexes, the first config, two shards
     assert done.returncode == 0, done.stderr
-    assert "pruned tiny-model: 4 earlier versions dropped" in done.stdout   # with 2 replicas
+    assert "pruned tiny-model: 5 earlier versions dropped" in done.stdout
     done = gcache("pull", "tiny-model", str(tmp_path / "pruned"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "pruned" / "sub" / "config.json").read_text() == '{"layers": 3}'
     with Client(cluster.addresses, timeout_s=5.0) as client:     # the kept versions have one
         assert not [k for k in client.list_pinned("file/c/") if b"/r" in k]   # copy each
-    assert gcache("rm", "tiny-model").returncode == 0
+    done = gcache("rm", "tiny-model")
+    assert done.returncode == 0 and "(4 files)" in done.stdout, done.stdout   # extra.json too
     done = gcache("pull", "tiny-model", str(tmp_path / "again"))
     assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr
     assert gcache("ls").stdout.strip() == "0 files, 0 bytes"
