@@ -120,30 +120,22 @@ def render_replay(report: dict) -> str:
                   f"{cluster[0]['requests']} requests, against the in-process model on the same "
                   f"requests (largest difference {worst * 100:.2f} points):", ""]
         lines += _hit_table(cluster, model=model)
-        shares = {(r["policy"], r["budget_fraction"]): r["unreachable_share"] for r in rows
-                  if r["source"] == "model-subset"}
         if all(r.get("unreachable_share") is not None for r in cluster):
-            budgets = sorted({r["budget_fraction"] for r in cluster})
-            cell = {(r["policy"], r["budget_fraction"]): r for r in cluster}
+            shares = {(r["policy"], r["budget_fraction"]): r["unreachable_share"] for r in rows
+                      if r["source"] == "model-subset"}
             lines += ["", "Unreachable share of the bytes held, as the servers' sweeps found it "
                       f"(STAT `tier.unreachable_bytes` over `tier.bytes`, read every "
                       f"{CLUSTER_SAMPLE_EVERY} requests; a server counts only parents it owns, "
                       "so it sees less than the model, whose share is summed over every "
-                      "lookup):", "",
-                      "| policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |",
-                      "|---|" + "---:|" * len(budgets)]
-            for policy in dict.fromkeys(r["policy"] for r in cluster):
-                lines.append(f"| {policy} | " + " | ".join(
-                    f"{cell[(policy, b)]['unreachable_share']:.3f} (model "
-                    f"{shares[(policy, b)]:.3f})" if shares.get((policy, b)) is not None
-                    else f"{cell[(policy, b)]['unreachable_share']:.3f}"
-                    for b in budgets) + " |")
+                      "lookup):", ""]
+            lines += _hit_table(cluster, model=shares, field="unreachable_share")
     lines += ["", "![hit rate versus budget](bench/results/replay-latest.png)"]
     return "\n".join(lines)
 
 
-def _hit_table(rows: list[dict], *, with_bytes: bool = False,
-               model: dict | None = None) -> list[str]:
+def _hit_table(rows: list[dict], *, with_bytes: bool = False, model: dict | None = None,
+               field: str = "hit_rate") -> list[str]:
+    """Policies by budget: each row's ``field`` (and the model's beside it, from ``model``)."""
     budgets = sorted({r["budget_fraction"] for r in rows})
     cell = {(r["policy"], r["budget_fraction"]): r for r in rows}
     head = "| policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |"
@@ -153,7 +145,7 @@ def _hit_table(rows: list[dict], *, with_bytes: bool = False,
         mark = " *" if cell[(policy, budgets[0])]["is_default"] else ""
         values = []
         for b in budgets:
-            text = f"{cell[(policy, b)]['hit_rate']:.3f}"
+            text = f"{cell[(policy, b)][field]:.3f}"
             if model is not None:
                 text += f" (model {model[(policy, b)]:.3f})"
             values.append(text)

@@ -563,6 +563,12 @@ class Arena:
         return RecordFields(key, length, checksum, seq, group, state, bool(read & READ_BIT),
                             parent)
 
+    def key_of(self, offset: int) -> bytes:
+        """The key of the record at ``offset``."""
+        view = self.view
+        start = offset + RECORD.size
+        return bytes(view[start:start + (view[offset + 6] | view[offset + 7] << 8)])
+
     def parent_of(self, offset: int) -> bytes:
         """The parent key of the record at ``offset`` (b"" for none)."""
         view = self.view

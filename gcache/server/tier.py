@@ -782,11 +782,11 @@ class HotTier:
     def sweep_unreachable(self, on_disk: Callable[[bytes], bool] | None = None) -> None:
         """Count the values in memory that can no longer hit (STAT's ``unreachable_objects``
         and ``unreachable_bytes``): those with a parent, or a parent's parent, that this server
-        holds neither in memory nor (``on_disk``) in the cold tier. A value read back from disk
-        has no parent on record and ends the walk up. Run in the background every few seconds
-        (``ServerConfig.unreachable_sweep_s``), never per request: it reads every record with a
-        parent, ``PUT_MANY_STRIDE * 64`` at a time under the lock; nothing at all until a value
-        with a parent was stored."""
+        holds neither in memory nor (``on_disk``) in the cold tier. A parent held on disk only
+        ends the walk up (its own parent is not looked up there). Run in the background every
+        few seconds (``ServerConfig.unreachable_sweep_s``), never per request: it reads every
+        record with a parent, ``PUT_MANY_STRIDE * 64`` at a time under the lock; nothing at
+        all until a value with a parent was stored."""
         if not self._parents_seen:
             return
         with self._lock:
@@ -799,10 +799,10 @@ class HotTier:
             with self._lock:
                 # a record evicted since the snapshot may lie under another span's bytes now:
                 # only one the index still points at is read
-                found = [(self.arena.parent_of(r), self.arena.record_length(r), head.index,
-                          head.seq)
+                found = [(parent, self.arena.record_length(r), head.index, head.seq)
                          for r in records[first:first + stride]
-                         if parent_len(self.arena.view[r + 5]) and self._is_indexed(r)
+                         for parent in (self.arena.parent_of(r),)
+                         if parent and self._index.get(self.arena.key_of(r)) == r
                          for head in (self.arena.segment_of(r),)]
             for parent, length, index, age in found:
                 if not self._held_through(parent, whole, on_disk):
@@ -820,26 +820,17 @@ class HotTier:
                     counted.append(index)
             self.arena.counted_spans = counted
 
-    def _is_indexed(self, record: int) -> bool:
-        """Whether the index points some key at ``record`` (under ``_lock``)."""
-        view = self.arena.view
-        key_len = view[record + 6] | view[record + 7] << 8
-        start = record + RECORD.size
-        return self._index.get(bytes(view[start:start + key_len])) == record
-
     def _held_through(self, parent: bytes, whole: dict[bytes, bool],
                       on_disk: Callable[[bytes], bool] | None) -> bool:
         """Whether ``parent`` and every parent above it are held (``whole`` memoizes)."""
-        chain: list[bytes] = []
-        seen: set[bytes] = set()
+        chain: dict[bytes, None] = {}          # the walk so far, in order
         node: bytes = parent
         held = True
         while node and node not in whole:
-            if node in seen:                    # a cycle a client made up: count it broken
+            if node in chain:                   # a cycle a client made up: count it broken
                 held = False
                 break
-            chain.append(node)
-            seen.add(node)
+            chain[node] = None
             with self._lock:
                 record = self._index.get(node)
                 above = self.arena.parent_of(record) if record >= 0 else None
