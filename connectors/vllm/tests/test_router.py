@@ -67,7 +67,11 @@ class Engine:
     def __init__(self, model: pathlib.Path, master: str, port: int, events: str,
                  log: pathlib.Path, cache_root: pathlib.Path) -> None:
         self.url, self.events, self.log = f"http://127.0.0.1:{port}", events, log
-        extra = {"gcache_master": master, "gcache_timeout_ms": 2000,
+        # The client timeout is also the scheduler's deadline for a prefix probe, past which
+        # the probe is a miss. 2 s was exceeded once on the 2-core CI machine beside the
+        # SGLang suite ("gcache match ... took over 2000 ms"), and the test could not tell
+        # that miss from a routing error; no GCache server dies in this module.
+        extra = {"gcache_master": master, "gcache_timeout_ms": 10000,
                  "gcache_engine_url": self.url}
         transfer = {"kv_connector": "GCacheConnector", "kv_role": "kv_both",
                     "kv_connector_module_path": "gcache_vllm.connector",
