@@ -232,17 +232,15 @@ class Router:
         except UPSTREAM_ERRORS as exc:
             instance.queued_prefill_tokens -= uncached
             _publish_load(instance)
-            self._failed_before_answering(instance, exc)
+            self._engine_failed(instance, exc, "before answering")
             return None
         instance.routed(hashes)
         try:
             try:
                 first = await upstream.content.readany()
             except UPSTREAM_ERRORS as exc:
-                self._failed_before_answering(instance, exc, "dropped the connection before "
-                                                             "answering: ")
+                self._engine_failed(instance, exc, "before answering")
                 return None
-            instance.answered()
             instance.queued_prefill_tokens -= uncached
             instance.running_decodes += 1
             _publish_load(instance)
@@ -255,9 +253,10 @@ class Router:
                 try:
                     rest = await upstream.read()
                 except UPSTREAM_ERRORS as exc:
-                    instance.mark(False, f"dropped an answer midway: {exc}")
+                    self._engine_failed(instance, exc, "in the middle of an answer")
                     return error_response(502, f"engine {instance.name} failed while "
                                                f"answering: {exc}")
+                instance.answered()
                 return web.Response(body=first + rest, status=upstream.status,
                                     headers=out_headers)
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
@@ -271,11 +270,13 @@ class Router:
                 try:
                     chunk = await upstream.content.readany()
                 except UPSTREAM_ERRORS as exc:
-                    instance.mark(False, f"dropped a stream midway: {exc}")
+                    self._engine_failed(instance, exc, "in the middle of a stream")
                     event = error_body(502, f"engine {instance.name} failed while streaming: "
                                             f"{exc}")
                     await response.write(f"data: {json.dumps(event)}\n\n".encode())
                     break
+            else:
+                instance.answered()
             await response.write_eof()
             return response
         finally:
@@ -289,16 +290,17 @@ class Router:
             else:
                 upstream.close()
 
-    def _failed_before_answering(self, instance: Instance, exc: BaseException,
-                                 what: str = "") -> None:
+    def _engine_failed(self, instance: Instance, exc: BaseException, when: str) -> None:
         """Down; and held down when it went silent (a read timeout, not a refused or slow
-        connection): its health checks would bring it back at once, and every request sent
-        there would wait out the whole read timeout again."""
+        connection), before its answer or in the middle of it: its health checks would bring
+        it back at once, and every request sent there would wait out the whole read timeout
+        again. Only a whole answer ends a run of hangs (``Instance.answered``), so an engine
+        that keeps stalling mid-stream is held longer each time."""
         if isinstance(exc, aiohttp.SocketTimeoutError):
             instance.hold_after_hang(self.config.hang_hold_s, f"silent for "
-                                     f"{self.config.upstream_read_s:g}s before answering")
+                                     f"{self.config.upstream_read_s:g}s {when}")
         else:
-            instance.mark(False, f"{what}{type(exc).__name__}: {exc}")
+            instance.mark(False, f"failed {when}: {type(exc).__name__}: {exc}")
         UP.labels(instance.name).set(0)
 
     # ---- engines announced to the masters ---------------------------------------------------

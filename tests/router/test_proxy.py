@@ -148,34 +148,36 @@ def test_a_chat_request_with_an_image_is_looked_up_only_before_the_image(tmp_pat
     assert lookup_tokens(tokenizer, chat, first, prompt_tokens(tokenizer, chat, first)) == []
 
 
-def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request_and_is_held_down(
-        tmp_path):
-    """An engine that answers its health checks but never a completion (a hung scheduler)
-    holds the request for --upstream-read-timeout only: then it counts as failed and the
-    request goes elsewhere, here nowhere (503 naming it). Its passing checks do not bring it
-    back before --hang-hold (so no later request waits out the timeout there again); after
-    the hold it is back, and a second hang in a row holds it twice as long."""
+def serve_engine(post):
+    """A local HTTP engine whose health checks pass (their times are in the returned list)
+    and whose completions are ``post(handler)``."""
     import http.server
     import threading
 
-    release, checks = threading.Event(), []
+    checks = []
 
-    class Hung(http.server.BaseHTTPRequestHandler):
+    class Engine(http.server.BaseHTTPRequestHandler):
         def do_GET(self):                        # /health: fine
             checks.append(time.monotonic())
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def do_POST(self):                       # a completion: never answered
-            release.wait(60)
+        def do_POST(self):
+            post(self)
 
         def log_message(self, *args):
             pass
 
-    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hung)
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     engine.daemon_threads = True
     threading.Thread(target=engine.serve_forever, daemon=True).start()
+    return engine, checks
+
+
+def start_hang_router(tmp_path, engine):
+    """A router in front of ``engine`` alone that gives up on 1 s of silence and holds a hung
+    engine out for 5 s; (process, url, log path, the engine's name), once it is up."""
     name = f"127.0.0.1:{engine.server_port}"
     (port,) = free_ports(1)
     log = tmp_path / "router.log"
@@ -186,31 +188,94 @@ def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request_and_is_
          "--upstream-read-timeout", "1", "--hang-hold", "5"],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-
-    def up_again(deadline_s: float) -> None:
-        deadline = time.monotonic() + deadline_s
-        while call_or_none(url, "/health") != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-
     try:
-        up_again(60)
+        up_again(proc, url, log, 60)
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=30)
+        raise
+    return proc, url, log, name
+
+
+def up_again(proc, url, log, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while call_or_none(url, "/health") != 200:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
+def held_down_while_its_checks_pass(url, log, checks, since: float) -> None:
+    while sum(t > since for t in checks) < 3:             # its checks go on passing
+        assert time.monotonic() - since < 30, log.read_text()
+        time.sleep(0.05)
+    got, body = call(url, "/health")
+    assert got == 503 and json.loads(body)["instances_up"] == [], body
+
+
+def test_an_engine_that_hangs_after_a_healthy_check_gives_up_its_request_and_is_held_down(
+        tmp_path):
+    """An engine that answers its health checks but never a completion (a hung scheduler)
+    holds the request for --upstream-read-timeout only: then it counts as failed and the
+    request goes elsewhere, here nowhere (503 naming it). Its passing checks do not bring it
+    back before --hang-hold (so no later request waits out the timeout there again); after
+    the hold it is back, and a second hang in a row holds it twice as long."""
+    import threading
+
+    release = threading.Event()
+    engine, checks = serve_engine(lambda handler: release.wait(60))   # never answered
+    proc, url, log, name = start_hang_router(tmp_path, engine)
+    try:
         started = time.monotonic()
         got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
         assert got == 503, body
         assert name in json.loads(body)["error"]["message"]
         assert time.monotonic() - started < 20
-        failed = time.monotonic()
-        while sum(t > failed for t in checks) < 3:           # its checks go on passing
-            assert time.monotonic() - failed < 30, log.read_text()
-            time.sleep(0.05)
-        got, body = call(url, "/health")
-        assert got == 503 and json.loads(body)["instances_up"] == [], body
+        held_down_while_its_checks_pass(url, log, checks, time.monotonic())
         assert "held out of rotation for 5s (hang 1 in a row)" in log.read_text()
-        up_again(60)                                         # the hold is over
+        up_again(proc, url, log, 60)                         # the hold is over
         got, body = call(url, "/v1/completions", {"model": "tiny", "prompt": "the cache keeps"})
         assert got == 503, body
         assert "held out of rotation for 10s (hang 2 in a row)" in log.read_text()
+    finally:
+        release.set()
+        engine.shutdown()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def test_an_engine_that_stalls_in_the_middle_of_a_stream_ends_it_with_an_error_and_is_held_down(
+        tmp_path):
+    """An engine that starts streaming and then goes silent (a scheduler hung mid-decode)
+    costs its client one --upstream-read-timeout: the stream ends with an error event after
+    the tokens already sent, and the engine is held out of rotation as one that hangs before
+    answering is, though its health checks pass."""
+    import threading
+
+    release = threading.Event()
+
+    def stream_then_stall(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b'data: {"choices": [{"text": " the"}]}\n\n')
+        handler.wfile.flush()
+        release.wait(60)
+
+    engine, checks = serve_engine(stream_then_stall)
+    proc, url, log, name = start_hang_router(tmp_path, engine)
+    try:
+        started = time.monotonic()
+        got, body = call(url, "/v1/completions",
+                         {"model": "tiny", "prompt": "the cache keeps", "stream": True})
+        assert got == 200, body
+        first, error = [json.loads(event.removeprefix(b"data: "))
+                        for event in body.split(b"\n\n") if event]
+        assert first == {"choices": [{"text": " the"}]}
+        assert name in error["error"]["message"] and "streaming" in error["error"]["message"]
+        assert time.monotonic() - started < 20
+        held_down_while_its_checks_pass(url, log, checks, time.monotonic())
+        assert ("silent for 1s in the middle of a stream; held out of rotation for 5s "
+                "(hang 1 in a row)") in log.read_text()
     finally:
         release.set()
         engine.shutdown()
