@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     rm = verbs.add_parser("rm", help="delete NAME's files, and the chunks no other file shares")
     rm.add_argument("name")
     prune = verbs.add_parser("prune", help="drop the earlier versions of NAME's files (each "
-                             "push keeps the last one pinned for its readers until then)")
+                             "push keeps the last one pinned for its readers until then) and "
+                             "the files NAME's index no longer lists")
     prune.add_argument("name")
     for verb in (push, pull, ls, rm, prune):
         add_target_flags(verb)
@@ -49,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from gcache.files import DEFAULT_CHUNK_SIZE, FileStore
-    from gcache.files.directory import remove_directory
+    from gcache.files.directory import prune_directory, remove_directory
     from gcache.sdk import Client
     with Client(config=targets_of(args).config) as client:
         store = FileStore(client, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE,
@@ -62,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
             if args.verb == "ls":
                 return _ls(store, args.prefix)
             if args.verb == "prune":
-                print(f"pruned {args.name}: {store.prune(args.name)} earlier versions dropped")
+                dropped, stale = prune_directory(store, args.name)
+                print(f"pruned {args.name}: {dropped} earlier versions dropped"
+                      + (f"; removed {len(stale)} file(s) its index no longer lists"
+                         if stale else ""))
                 return 0
             print(f"removed {args.name} ({remove_directory(store, args.name)} files)")
             return 0

@@ -73,6 +73,25 @@ def directory_file(store: FileStore, name: str, entry: DirectoryEntry) -> Manife
     return manifest
 
 
+def prune_directory(store: FileStore, name: str) -> tuple[int, list[str]]:
+    """``FileStore.prune(name)``, and for a directory first every file under ``name/`` that
+    its index no longer lists (a file an earlier push had), except a directory pushed on its
+    own under ``name/`` and its files. (The earlier versions dropped, the files removed.)
+    Not while ``name`` is pushed: the new files of a push in progress are not listed yet."""
+    try:
+        listed = {f"{name}/{entry.path}" for entry in directory_index(store, name)}
+    except FileNotFoundError:
+        listed = None
+    stale: list[str] = []
+    if listed is not None:
+        unlisted = [m for m in store.manifests(f"{name}/") if m.name not in listed]
+        nested = tuple(m.name + "/" for m in unlisted if m.metadata.get("kind") == "directory")
+        stale = [m.name for m in unlisted
+                 if m.metadata.get("kind") != "directory" and not m.name.startswith(nested)]
+        store.delete_many(stale)
+    return store.prune(name), stale
+
+
 def content_digest(entries: list[DirectoryEntry], *, suffix: str = "") -> str:
     """One digest of the paths and content digests of ``entries`` ending in ``suffix``: equal
     exactly when those files' bytes are (a model's weights, whatever its README says)."""

@@ -262,14 +262,15 @@ def test_gcache_files_push_pull_prune_rm(cluster, tmp_path):
     assert gcache("push", str(tmp_path / "model"), "--name", "tiny-model").returncode == 0
     done = gcache("prune", "tiny-model")    # two earlier indexes, the first config, two shards
     assert done.returncode == 0, done.stderr
-    assert "pruned tiny-model: 5 earlier versions dropped" in done.stdout
+    assert ("pruned tiny-model: 5 earlier versions dropped; removed 1 file(s) its index no "
+            "longer lists") in done.stdout
     done = gcache("pull", "tiny-model", str(tmp_path / "pruned"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "pruned" / "sub" / "config.json").read_text() == '{"layers": 3}'
     with Client(cluster.addresses, timeout_s=5.0) as client:     # the kept versions have one
         assert not [k for k in client.list_pinned("file/c/") if b"/r" in k]   # copy each
     done = gcache("rm", "tiny-model")
-    assert done.returncode == 0 and "(4 files)" in done.stdout, done.stdout   # extra.json too
+    assert done.returncode == 0 and "(3 files)" in done.stdout, done.stdout
     done = gcache("pull", "tiny-model", str(tmp_path / "again"))
     assert done.returncode != 0 and "no directory 'tiny-model'" in done.stderr
     assert gcache("ls").stdout.strip() == "0 files, 0 bytes"
@@ -370,3 +371,27 @@ def test_prune_drops_earlier_versions_and_only_their_own_chunks(files):
     assert files.prune("") == 1                         # x's first: its chunks are x's now
     assert {k.decode() for k in files.client.list_pinned("file/c/")} == \
         {f"file/c/{c}" for c in kept}
+
+
+def test_pruning_a_directory_removes_the_files_its_index_dropped_but_not_a_nested_directory(
+        files, tmp_path):
+    """A push that no longer has a file leaves it stored under the directory's name: prune
+    removes it with the earlier versions, and keeps a directory pushed on its own beneath."""
+    from gcache.files.directory import directory_index, prune_directory, push_directory
+    model, nested = tmp_path / "model", tmp_path / "tokenizer"
+    for folder, names in ((model, ("a.json", "b.json")), (nested, ("vocab.json",))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text(f'{{"{name}": 1}}')
+    push_directory(files, model, "m")
+    push_directory(files, nested, "m/tokenizer")
+    (model / "b.json").unlink()
+    (model / "a.json").write_text('{"a": 2}')
+    push_directory(files, model, "m")
+    dropped, removed = prune_directory(files, "m")
+    assert removed == ["m/b.json"]
+    assert dropped == 2                                  # m's first index, a.json's first
+    assert files.list("m/") == ["m/a.json", "m/tokenizer", "m/tokenizer/vocab.json"]
+    assert [e.path for e in directory_index(files, "m/tokenizer")] == ["vocab.json"]
+    assert prune_directory(files, "m") == (0, [])
+    assert prune_directory(files, "m/a.json") == (0, [])   # a file, not a directory
