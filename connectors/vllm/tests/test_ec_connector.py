@@ -118,3 +118,117 @@ def test_a_dead_cluster_is_a_miss_not_an_exception(tmp_path, made):
     assert scheduler.has_cache_item("img") is False
     worker.save_caches(encoder_cache={"img": torch.ones(2, 64)}, mm_hash="img")
     assert worker.counters["save_failures"] == 1
+
+
+# ---- vLLM's V2 model runner: items read ahead ---------------------------------------------------
+
+class V2Engine:
+    """vLLM's real ``Scheduler`` with the EC connector alone, and the worker's steps as vLLM's
+    V2 model runner takes them (``v1/worker/gpu/ec_connector.ActiveECConnector``: the
+    connector on steps without a forward pass too). Its encoder makes a fixed tensor per item
+    and counts the runs; its gather fails as vLLM's does on an item not in the encoder cache."""
+
+    def __init__(self, tmp_path, servers, made):
+        from vllm.distributed.ec_transfer import ec_transfer_state
+        from vllm.v1.worker.gpu.ec_connector import ActiveECConnector
+
+        from .harness import kv_cache_config, scheduler
+        model = write_config(tmp_path / "model", window=None)
+        self.config = ec_config(model, servers)
+        self.config.kv_transfer_config = None
+        self.sched = scheduler(self.config, kv_cache_config(
+            {"num_hidden_layers": 4}, heads=2, head_dim=32))
+        manager = type(self.sched.encoder_cache_manager)
+        self.sched.encoder_cache_manager = manager.create_manager(cache_size=512,
+                                                                  vllm_config=self.config)
+        self.sched.max_num_encoder_input_tokens = 512     # the tiny text model has no encoder
+        self.worker = connector(self.config, "WORKER")
+        made += [self.sched.ec_connector, self.worker]
+        ec_transfer_state._EC_CONNECTOR_AGENT = self.worker
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+        self.runner = ActiveECConnector(self.config, self.encoder_cache)
+        self.requests: dict[str, object] = {}
+        self.encoded: list[str] = []
+
+    def close(self):
+        from vllm.distributed.ec_transfer import ec_transfer_state
+        ec_transfer_state._EC_CONNECTOR_AGENT = None
+
+    def add(self, req):
+        self.requests[req.request_id] = req
+        self.sched.add_request(req)
+
+    def step(self):
+        from vllm.v1.outputs import ModelRunnerOutput
+        out = self.sched.schedule()
+        for identifier in out.free_encoder_mm_hashes:
+            self.encoder_cache.pop(identifier, None)
+        if not out.total_num_scheduled_tokens:
+            output = self.runner.no_forward(out)
+        else:
+            with self.runner.maybe_get_output(out) as ec_output:
+                for req_id, inputs in out.scheduled_encoder_inputs.items():
+                    for i in inputs:
+                        identifier = self.requests[req_id].mm_features[i].identifier
+                        self.encoder_cache[identifier] = torch.full((64, 64), 7.0)
+                        self.encoded.append(identifier)
+                for req_id in out.num_scheduled_tokens:
+                    for feature in self.requests[req_id].mm_features:
+                        if feature.identifier not in self.encoder_cache:
+                            raise RuntimeError(f"Encoder cache miss for {feature.identifier}.")
+            req_ids = list(out.num_scheduled_tokens)
+            output = ModelRunnerOutput(req_ids=req_ids,
+                                       req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                       sampled_token_ids=[[7] for _ in req_ids],
+                                       ec_connector_output=ec_output)
+        self.sched.update_from_output(out, output)
+        return out
+
+
+@pytest.fixture
+def v2(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+
+
+def test_with_the_v2_runner_a_request_waits_while_its_item_is_read_and_skips_the_encoder(
+        tmp_path, cluster, made, v2):
+    engine = V2Engine(tmp_path, cluster.addresses, made)
+    try:
+        assert engine.sched.ec_connector.prefetches is not None
+        output = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+        producer = connector(engine.config, "WORKER")
+        made.append(producer)
+        producer.save_caches(encoder_cache={"img-cat": output}, mm_hash="img-cat")
+        engine.add(image_request("b", "img-cat"))
+        first = engine.step()                  # held back; the worker reads on an empty step
+        assert first.total_num_scheduled_tokens == 0
+        assert first.ec_connector_metadata.loads == ["img-cat"]
+        assert torch.equal(engine.encoder_cache["img-cat"], output)
+        second = engine.step()
+        assert second.num_scheduled_tokens["b"] == 81 and not second.scheduled_encoder_inputs
+        assert engine.encoded == [] and torch.equal(engine.encoder_cache["img-cat"], output)
+        assert engine.worker.counters["loads"] == 1
+    finally:
+        engine.close()
+
+
+def test_with_the_v2_runner_an_item_lost_after_the_probe_is_encoded_not_a_failed_step(
+        tmp_path, made, v2):
+    from gcache.cli.local_cluster import LocalCluster
+    with LocalCluster(1, memory="64MiB", log_dir=str(tmp_path / "gcache")) as lost:
+        engine = V2Engine(tmp_path, lost.addresses, made)
+        try:
+            producer = connector(engine.config, "WORKER")
+            made.append(producer)
+            producer.save_caches(encoder_cache={"img": torch.ones(64, 64)}, mm_hash="img")
+            engine.add(image_request("b", "img"))
+            out = engine.sched.schedule()      # the scheduler found it and asks for it ...
+            assert out.ec_connector_metadata.loads == ["img"]
+            lost.kill(0)                       # ... and its server dies before the read
+            engine.sched.update_from_output(out, engine.runner.no_forward(out))
+            assert engine.worker.counters["load_misses"] == 1
+            steps = [engine.step() for _ in range(2)]
+            assert steps[0].scheduled_encoder_inputs == {"b": [0]}     # encoded instead
+            assert engine.encoded == ["img"] and steps[1].num_scheduled_tokens == {"b": 1}
+        finally:
+            engine.close()
