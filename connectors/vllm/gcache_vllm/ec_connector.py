@@ -57,6 +57,7 @@ from gcache.kv import KV_ONLY, LOADER_ONLY, client_from_settings, gcache_setting
 from gcache.mm import EncoderCache
 from gcache_vllm._compat import get_logger
 from gcache_vllm.ec_prefetch import Prefetches
+from gcache_vllm.ec_saver import EncoderSaver
 from gcache_vllm.model_layout import keyed_model_name
 
 log = get_logger(__name__)
@@ -115,8 +116,17 @@ class GCacheECConnector(ECConnectorBase):
             budget=getattr(scheduling, "encoder_cache_size", scheduling.max_num_batched_tokens)) \
             if bool(getattr(vllm_config, "use_v2_model_runner", False)) else None
         self._report = GCacheECWorkerMetadata()          # worker: this step's read-ahead
-        self.counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0, "saves": 0,
-                         "save_failures": 0}
+        self._saver: EncoderSaver | None = None          # worker: made by its first save
+        self._counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0}
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Lookups and hits (scheduler), loads and saves (worker); the saves are those put so
+        far (``wait_saves``)."""
+        saves = self._saver.counters if self._saver is not None else \
+            {"saves": 0, "save_failures": 0, "saves_skipped": 0}
+        more = self.prefetches.counters if self.prefetches is not None else {}
+        return {**self._counters, **saves, **more}
 
     def key(self, identifier: str) -> str:
         return self.cache.key(identifier, self.preprocessing)
@@ -127,8 +137,8 @@ class GCacheECConnector(ECConnectorBase):
         found = self._found.get(identifier)
         if found is None:
             found = self._found[identifier] = self.cache.exists(self.key(identifier))
-            self.counters["lookups"] += 1
-            self.counters["hits"] += found
+            self._counters["lookups"] += 1
+            self._counters["hits"] += found
         return found
 
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
@@ -183,10 +193,10 @@ class GCacheECConnector(ECConnectorBase):
         for identifier, tensor in zip(wanted, got, strict=True):    # two requests in all
             if tensor is not None:
                 encoder_cache[identifier] = tensor
-                self.counters["loads"] += 1
+                self._counters["loads"] += 1
                 self._report.loaded.add(identifier)
                 continue
-            self.counters["load_misses"] += 1
+            self._counters["load_misses"] += 1
             self._report.failed.add(identifier)
             if meta.ahead:
                 log.warning("gcache: the encoder output of %s is gone since the scheduler "
@@ -201,13 +211,17 @@ class GCacheECConnector(ECConnectorBase):
             else None
 
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
+        """Queued, put by a thread of the saver's: the forward pass goes on (``ec_saver``)."""
         if not self.is_producer or mm_hash not in encoder_cache:
             return
-        output = encoder_cache[mm_hash]
-        if self.cache.put(self.key(mm_hash), output.detach().contiguous()):
-            self.counters["saves"] += 1
-        else:
-            self.counters["save_failures"] += 1
+        if self._saver is None:
+            self._saver = EncoderSaver(self.cache)
+        self._saver.submit(self.key(mm_hash), encoder_cache[mm_hash])
+
+    def wait_saves(self) -> None:
+        """Return once every output handed to ``save_caches`` so far is put (or failed)."""
+        if self._saver is not None:
+            self._saver.wait()
 
     def _device(self) -> str:
         from vllm.platforms import current_platform
@@ -217,8 +231,7 @@ class GCacheECConnector(ECConnectorBase):
         return str(device)
 
     def shutdown(self) -> None:
-        counters = dict(self.counters)
-        if self.prefetches is not None:
-            counters.update(self.prefetches.counters)
-        log.info("gcache EC connector: %s", json.dumps(counters))
+        if self._saver is not None:
+            self._saver.close()                  # what is queued is put first
+        log.info("gcache EC connector: %s", json.dumps(self.counters))
         self.client.close()

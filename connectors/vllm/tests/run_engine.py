@@ -95,6 +95,7 @@ def main() -> None:
     out: dict = {"results": results}
     if spec.get("ec"):
         from vllm.distributed.ec_transfer import get_ec_transfer
+        get_ec_transfer().wait_saves()               # put by the connector's saver thread
         out["ec"] = get_ec_transfer().counters       # the worker's: loads and saves
     print("RESULT " + json.dumps(out), flush=True)
 

@@ -61,6 +61,7 @@ def test_an_output_saved_by_one_engine_is_loaded_by_another_instead_of_encoded(
     output = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
     assert not scheduler.has_cache_item("img-cat")
     producer.save_caches(encoder_cache={"img-cat": output}, mm_hash="img-cat")
+    producer.wait_saves()
     assert producer.counters["saves"] == 1
 
     req = image_request("b", "img-cat")
@@ -82,6 +83,7 @@ def test_a_changed_preprocessing_setting_or_weights_is_a_miss(tmp_path, cluster,
     first = connector(ec_config(model, cluster.addresses), "WORKER")
     made.append(first)
     first.save_caches(encoder_cache={"img": torch.ones(4, 64)}, mm_hash="img")
+    first.wait_saves()
     other = ec_config(model, cluster.addresses)
     other.model_config.multimodal_config = type(
         "Settings", (), {"mm_processor_kwargs": {"max_pixels": 1024}})()
@@ -100,10 +102,12 @@ def test_a_producer_only_engine_does_not_load_and_a_consumer_only_does_not_save(
     producer = connector(ec_config(model, cluster.addresses, role="ec_producer"), "SCHEDULER")
     made += [consumer, producer]
     consumer.save_caches(encoder_cache={"x": torch.ones(2, 64)}, mm_hash="x")
+    consumer.wait_saves()
     assert consumer.counters["saves"] == 0
     both = connector(ec_config(model, cluster.addresses), "WORKER")
     made.append(both)
     both.save_caches(encoder_cache={"x": torch.ones(2, 64)}, mm_hash="x")
+    both.wait_saves()
     assert both.counters["saves"] == 1
     assert not producer.has_cache_item("x")     # it would skip the encoder, and never load
     producer.update_state_after_alloc(image_request("r", "x"), 0)
@@ -117,6 +121,7 @@ def test_a_dead_cluster_is_a_miss_not_an_exception(tmp_path, made):
     made += [scheduler, worker]
     assert scheduler.has_cache_item("img") is False
     worker.save_caches(encoder_cache={"img": torch.ones(2, 64)}, mm_hash="img")
+    worker.wait_saves()
     assert worker.counters["save_failures"] == 1
 
 
@@ -199,6 +204,7 @@ def test_with_the_v2_runner_a_request_waits_while_its_item_is_read_and_skips_the
         producer = connector(engine.config, "WORKER")
         made.append(producer)
         producer.save_caches(encoder_cache={"img-cat": output}, mm_hash="img-cat")
+        producer.wait_saves()
         engine.add(image_request("b", "img-cat"))
         first = engine.step()                  # held back; the worker reads on an empty step
         assert first.total_num_scheduled_tokens == 0
@@ -221,6 +227,7 @@ def test_with_the_v2_runner_an_item_lost_after_the_probe_is_encoded_not_a_failed
             producer = connector(engine.config, "WORKER")
             made.append(producer)
             producer.save_caches(encoder_cache={"img": torch.ones(64, 64)}, mm_hash="img")
+            producer.wait_saves()
             engine.add(image_request("b", "img"))
             out = engine.sched.schedule()      # the scheduler found it and asks for it ...
             assert out.ec_connector_metadata.loads == ["img"]
@@ -232,3 +239,32 @@ def test_with_the_v2_runner_an_item_lost_after_the_probe_is_encoded_not_a_failed
             assert engine.encoded == ["img"] and steps[1].num_scheduled_tokens == {"b": 1}
         finally:
             engine.close()
+
+
+def test_a_save_returns_before_its_put_and_a_shutdown_puts_what_is_queued(
+        tmp_path, cluster, made, monkeypatch):
+    """vLLM saves on the thread that runs the forward pass: ``save_caches`` queues the output
+    and returns while the put is still held up; ``shutdown`` waits for it."""
+    import threading
+
+    from gcache.mm import EncoderCache
+    model = write_config(tmp_path / "model", window=None)
+    config = ec_config(model, cluster.addresses)
+    producer, scheduler = connector(config, "WORKER"), connector(config, "SCHEDULER")
+    made.append(scheduler)
+    held, put = threading.Event(), EncoderCache.put
+
+    def slow_put(self, key, tensor):
+        assert held.wait(60)
+        return put(self, key, tensor)
+
+    monkeypatch.setattr(EncoderCache, "put", slow_put)
+    saving = threading.Thread(target=producer.save_caches,
+                              kwargs={"encoder_cache": {"img": torch.ones(8, 64)},
+                                      "mm_hash": "img"})
+    saving.start()
+    saving.join(30)
+    assert not saving.is_alive() and producer.counters["saves"] == 0   # not put yet
+    held.set()
+    producer.shutdown()
+    assert producer.counters["saves"] == 1 and scheduler.has_cache_item("img")
