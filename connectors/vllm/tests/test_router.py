@@ -350,8 +350,6 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
     with an error event, never a hang."""
     bodies = [{"model": MODEL, "prompt": prompt(50 + i), "max_tokens": 320, "temperature": 0,
                "ignore_eos": True} for i in range(8)]
-    # Streams at 1, 2, 5, 6: the load balance alternates engines, and with streams at odd
-    # places only one engine got every stream and the other every plain request (seen in CI).
     streams = [i % 4 in (1, 2) for i in range(len(bodies))]
     names = [e.url.removeprefix("http://") for e in engines]
 
@@ -359,9 +357,30 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
         return (metric(router, "gcache_router_queued_prefill_tokens", name) > 0
                 and metric(router, "gcache_router_running_decodes", name) > 0)
 
+    def queued_on(wanted: int) -> None:
+        deadline = time.monotonic() + 60
+        while sum(metric(router, "gcache_router_queued_prefill_tokens", n) > 0
+                  for n in names) < wanted:
+            assert time.monotonic() < deadline, f"not {wanted} engine(s) with a queued request"
+            time.sleep(0.02)
+
+    def submit(pool, i):
+        return pool.submit(stream, router, bodies[i], allow_error=True) if streams[i] else \
+            pool.submit(post, router, bodies[i])
+
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(stream, router, body, allow_error=True) if streams[i] else
-                   pool.submit(post, router, body) for i, body in enumerate(bodies)]
+        # Two plain requests first, one at a time, so the least loaded engine takes the second:
+        # each engine then holds a request that streams nothing until it is done, and the
+        # first stream to start anywhere gives that engine both kinds, whatever order the rest
+        # arrive in (sent all at once, every stream could land on one engine and every plain
+        # request on the other: seen in CI).
+        first = [i for i in range(len(bodies)) if not streams[i]][:2]
+        futures = {}
+        for count, i in enumerate(first, 1):
+            futures[i] = submit(pool, i)
+            queued_on(count)
+        futures.update({i: submit(pool, i) for i in range(len(bodies)) if i not in futures})
+        futures = [futures[i] for i in range(len(bodies))]
         deadline = time.monotonic() + 120
         # One reading picks the engine: reading the metrics again could find the queue already
         # drained (seen in CI as a StopIteration).
