@@ -56,7 +56,7 @@ from gcache.server.mutable_keys import MutableKeys
 from gcache.server.request_rules import Refused, check_request
 from gcache.server.tier import Copied, Entry, Stored
 from gcache.server.tier_protocol import Tier
-from gcache.transport.stream import StreamConnection
+from gcache.transport.stream import READ_AHEAD, StreamConnection
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,11 @@ class ConnectionHandler:
         ``parent``: the key it hangs from (``FLAG_PARENT``), kept in its record.
         """
         trailer = TRAILER.size if expected is None else 0
+        # Memory is claimed once the payload flows: a peer that sent a header and trickles
+        # pinned a span for the transfer's whole deadline (three such peers starved a 32 MiB
+        # arena of old spans, and writes evicted values acknowledged a moment before).
+        self.conn.read_ahead(length + trailer, timeout_s=self.io_timeout_s,
+                             deadline_s=self._deadline_s(min(length + trailer, READ_AHEAD)))
         self.mutable.written(key, content_addressed=bool(flags & FLAG_CONTENT_ADDRESSED),
                              group=group)
         try:

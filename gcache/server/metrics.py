@@ -42,7 +42,9 @@ _COUNTERS = {"hits": "gcache_server_hits_total", "misses": "gcache_server_misses
              "evicted_objects": "gcache_server_evicted_objects_total",
              "evicted_segments": "gcache_server_evicted_segments_total",
              "expired_pins": "gcache_server_expired_pins_total",
-             "unreachable_evicted": "gcache_server_unreachable_evicted_total"}
+             "unreachable_evicted": "gcache_server_unreachable_evicted_total",
+             "young_spans_reclaimed": "gcache_server_young_spans_reclaimed_total",
+             "pin_waits_expired": "gcache_server_pin_waits_expired_total"}
 _GAUGES = {"objects": "gcache_server_objects", "bytes": "gcache_server_value_bytes",
            "capacity_bytes": "gcache_server_capacity_bytes",
            "used_bytes": "gcache_server_used_bytes", "pins": "gcache_server_pins",

@@ -165,6 +165,7 @@ class TierCounters:
     unreachable_evicted: int = 0
     whole_hashes: int = 0          # commits that hashed the whole value at COMMIT (its pieces
                                    # were not announced in order as they landed)
+    pin_waits_expired: int = 0     # allocations whose wait for an older span's pins ran out
 
 
 class HotTier:
@@ -328,7 +329,7 @@ class HotTier:
             self._point(entry.key, hash_, entry.record, entry.length, entry.head,
                         pinned=entry.pinned)
             if not if_absent:                     # a promotion is a copy, not a fresh write
-                self.arena.mark_committed(entry.head)
+                self.arena.mark_committed(entry.head, entry.length)
             self.counters.puts += 1
         if self.on_commit is not None and not if_absent:
             self.on_commit(entry.key)
@@ -380,6 +381,7 @@ class HotTier:
             return False
         self._write_committed(key, value, checksum_, group, head, record, pinned=pinned,
                               parent=parent)
+        self.arena.mark_committed(head, len(value))
         self.counters.puts += 1
         return True
 
@@ -538,7 +540,8 @@ class HotTier:
                    "segments": len(self.arena.segments), "pins": len(self._pins),
                    "pinned_objects": len(self._pinned),
                    "pinned_bytes": self._held_segments * self.arena.segment_size,
-                   "pin_budget_bytes": self.pin_budget_bytes}
+                   "pin_budget_bytes": self.pin_budget_bytes,
+                   "young_spans_reclaimed": self.arena.young_reclaims}
             out["unreachable_objects"], out["unreachable_bytes"] = self._unreachable
             out.update({k: getattr(self.counters, k) for k in TierCounters.__slots__})
             return out
@@ -687,6 +690,7 @@ class HotTier:
                     self.space.wait(pins_deadline - now)
                 else:
                     self._pins_starved |= waited_for_pins        # and in vain
+                    self.counters.pin_waits_expired += waited_for_pins
                     raise
 
     def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False,
@@ -729,7 +733,7 @@ class HotTier:
                 self.counters.evicted_objects += 1
                 continue
             size = record_size(len(key) + len(parent), len(value))
-            placed = self.arena.allocate_open(size, fresh=False)
+            placed = self.arena.allocate_open(size)
             if placed is None and extra < most:
                 extra += 1
                 try:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from gcache.errors import ConnectionLost, IOTimeout
 from gcache.keys import Hasher
 
-_READ_AHEAD = 16 * 1024      # bytes a small read may pull in at once
+READ_AHEAD = 16 * 1024      # bytes a small read may pull in at once
 _DIRECT_MIN = 4 * 1024       # reads at least this large skip the read-ahead buffer
 _TIMEVAL = struct.Struct("@ll")
 _PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
@@ -55,7 +55,7 @@ class StreamConnection:
         self.io_size = io_size
         self._timeout_s: float | None = None
         self._closed = False
-        self._rbuf = bytearray(_READ_AHEAD)
+        self._rbuf = bytearray(READ_AHEAD)
         self._rview = memoryview(self._rbuf)
         self._rpos = self._rend = 0
 
@@ -160,6 +160,35 @@ class StreamConnection:
                 return False
             raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({got} of {total} "
                             "bytes)") from exc
+        except OSError as exc:
+            raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
+
+    def read_ahead(self, n_bytes: int, *, timeout_s: float | None, deadline_s: float) -> None:
+        """Return once the next ``min(n_bytes, READ_AHEAD)`` bytes have arrived, holding them
+        in the read-ahead buffer (a later ``recv_into`` takes them from there). A server calls
+        it before it claims memory for a payload, so that a peer that sends a header and then
+        trickles pins nothing while it is cut off at ``deadline_s``."""
+        want = min(n_bytes, READ_AHEAD)
+        held = self._rend - self._rpos
+        if held >= want:
+            return
+        if self._rpos:
+            self._rbuf[:held] = self._rbuf[self._rpos:self._rend]
+            self._rpos, self._rend = 0, held
+        self._set_timeout(timeout_s)
+        try:
+            while self._rend < want:
+                self._before_deadline(deadline_s, timeout_s,
+                                      f"{self._rend} of the first {want} bytes came")
+                n = self._sock.recv_into(self._rview[self._rend:want], want - self._rend,
+                                         socket.MSG_WAITALL)
+                if n == 0:
+                    raise ConnectionLost(f"{self.peer} closed the connection after "
+                                         f"{self._rend} of {n_bytes} bytes")
+                self._rend += n
+        except (TimeoutError, BlockingIOError) as exc:
+            raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({self._rend} of the "
+                            f"first {want} bytes)") from exc
         except OSError as exc:
             raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
 

@@ -517,6 +517,10 @@ def exhaustion(seconds: float, *, log_dir: str, seed: int = 0) -> Tally:
                                        f"{(time.perf_counter() - acked) * 1e3:.1f} ms after "
                                        f"its put was acknowledged")
             tally.misses.update(client.stats()["misses_by_reason"])
+            tier = client.server_stats()[address]["tier"]
+            tally.notes.append(f"server: young_spans_reclaimed={tier['young_spans_reclaimed']} "
+                               f"pin_waits_expired={tier['pin_waits_expired']} "
+                               f"evicted_segments={tier['evicted_segments']}")
         stop.set()
         for thread in threads:
             thread.join(10)

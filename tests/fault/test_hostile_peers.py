@@ -22,6 +22,7 @@ import pytest
 from gcache import Client
 from gcache.frame import HEADER_SIZE, Header, Op, Status, unpack_header
 from gcache.keys import checksum
+from gcache.transport.stream import READ_AHEAD
 from tests.helpers import wait_until
 
 TOKEN = "hostile-peers-test-token-0123456789"
@@ -98,10 +99,12 @@ def test_a_write_outliving_its_lease_never_lands_in_reused_memory(cluster_factor
 
 
 def trickle(address: str, key: bytes, length: int, stop: threading.Event,
-            outcome: dict) -> None:
-    """A PUT whose payload arrives a few bytes a second, until the server cuts it off."""
+            outcome: dict, *, first: int = 0) -> None:
+    """A PUT whose payload arrives a few bytes a second (after ``first`` bytes at once), until
+    the server cuts it off."""
     sock = raw_socket(address)
-    sock.sendall(Header(Op.PUT, 1, key_len=len(key), payload_len=length).pack() + key)
+    sock.sendall(Header(Op.PUT, 1, key_len=len(key), payload_len=length).pack() + key
+                 + b"x" * first)
     deadline = time.monotonic() + 20
     try:
         while not stop.is_set() and time.monotonic() < deadline:
@@ -117,16 +120,49 @@ def trickle(address: str, key: bytes, length: int, stop: threading.Event,
         sock.close()
 
 
-def test_senders_that_trickle_are_cut_off_and_free_the_arena(cluster_factory):
+def start_tricklers(address: str, stop: threading.Event, outcome: dict, *,
+                    first: int) -> list[threading.Thread]:
+    threads = [threading.Thread(target=trickle, args=(address, f"slow{i}".encode(),
+                                                      (3 << 20) + (1 << 19), stop, outcome),
+                                kwargs={"first": first})
+               for i in range(4)]                        # one 3.5 MiB extent per segment
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def all_cut_off(threads: list[threading.Thread], stop: threading.Event, outcome: dict) -> bool:
+    stop.set()
+    for thread in threads:
+        thread.join(25)
+    return all(outcome.get(f"slow{i}".encode()) == "cut off" for i in range(4))
+
+
+def test_senders_that_trickle_from_the_start_pin_nothing_and_are_cut_off(cluster_factory):
     cluster = cluster_factory(1, memory="16MiB", server_args=(
         "--segment-size", "4MiB", "--io-timeout", "1", "--min-transfer-rate", "1MiB"))
     address = cluster.addresses[0]
     stop, outcome = threading.Event(), {}
-    threads = [threading.Thread(target=trickle, args=(address, f"slow{i}".encode(),
-                                                      (3 << 20) + (1 << 19), stop, outcome))
-               for i in range(4)]                        # one 3.5 MiB extent per segment
-    for thread in threads:
-        thread.start()
+    threads = start_tricklers(address, stop, outcome, first=0)
+    try:
+        with Client([address], timeout_s=2.0, transport="tcp") as client:
+            for i in range(4):                           # a segment's worth each time
+                time.sleep(0.2)
+                assert client.server_stats()[address]["tier"]["pins"] == 0
+                assert client.put(f"legit{i}", b"l" * (3 << 20))
+            assert all(client.get(f"legit{i}") == b"l" * (3 << 20) for i in range(4))
+            wait_until(lambda: len(outcome) == 4, 10, period_s=0.2)
+    finally:
+        cut_off = all_cut_off(threads, stop, outcome)
+    assert cut_off, outcome
+
+
+def test_senders_that_trickle_after_a_burst_are_cut_off_and_free_the_arena(cluster_factory):
+    cluster = cluster_factory(1, memory="16MiB", server_args=(
+        "--segment-size", "4MiB", "--io-timeout", "1", "--min-transfer-rate", "1MiB"))
+    address = cluster.addresses[0]
+    stop, outcome = threading.Event(), {}
+    threads = start_tricklers(address, stop, outcome, first=READ_AHEAD)
     try:
         with Client([address], timeout_s=2.0, transport="tcp") as client:
             wait_until(lambda: client.server_stats()[address]["tier"]["pins"] >= 4, 5)
@@ -134,10 +170,8 @@ def test_senders_that_trickle_are_cut_off_and_free_the_arena(cluster_factory):
             wait_until(lambda: client.put("legit", b"l" * (1 << 20)), 12, period_s=0.2)
             assert client.get("legit") == b"l" * (1 << 20)
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(25)
-    assert all(outcome.get(f"slow{i}".encode()) == "cut off" for i in range(4)), outcome
+        cut_off = all_cut_off(threads, stop, outcome)
+    assert cut_off, outcome
 
 
 def test_silent_connections_cannot_lock_out_a_token_protected_server(cluster_factory):

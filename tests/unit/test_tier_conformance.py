@@ -31,7 +31,7 @@ STAT_KEYS = {"objects", "bytes", "capacity_bytes", "used_bytes", "segments", "pi
              "misses", "puts", "deletes", "checksum_failures", "evicted_objects",
              "evicted_segments", "expired_pins", "recovered_objects", "demoted_objects",
              "promoted_objects", "second_chances", "whole_hashes", "pinned_objects",
-             "pinned_bytes", "pin_budget_bytes"}
+             "pinned_bytes", "pin_budget_bytes", "young_spans_reclaimed", "pin_waits_expired"}
 PER_TIER_KEYS = {
     "hot": {"bytes", "objects", "hits", "demoted_objects", "promoted_objects", "second_chances",
             "evicted_objects", "checksum_failures"},
