@@ -290,7 +290,7 @@ class Arena:
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
         self.written = 0                  # bytes of values clients committed, copies not counted
-        # claims that evicted a young span (``is_young``): values acknowledged moments before
+        # claims that evicted a young span (``is_young``): values acknowledged not long before
         # went, for want of an older span that no lease or write in flight pinned
         self.young_reclaims = 0
         self._on_evict = on_evict

@@ -166,6 +166,7 @@ class TierCounters:
     whole_hashes: int = 0          # commits that hashed the whole value at COMMIT (its pieces
                                    # were not announced in order as they landed)
     pin_waits_expired: int = 0     # allocations whose wait for an older span's pins ran out
+                                   # (they took a young span or were refused)
 
 
 class HotTier:
@@ -687,10 +688,10 @@ class HotTier:
                     young_ok = True                  # nothing to wait for: a young span, then
                 elif may_wait:
                     waited_for_pins = True
-                    self.space.wait(pins_deadline - now)
+                    if not self.space.wait(pins_deadline - now):
+                        self.counters.pin_waits_expired += 1     # then a young span or NoSpace
                 else:
                     self._pins_starved |= waited_for_pins        # and in vain
-                    self.counters.pin_waits_expired += waited_for_pins
                     raise
 
     def _arena_allocate(self, n_bytes: int, *, use_reserve: bool = False,

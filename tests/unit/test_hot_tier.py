@@ -157,6 +157,8 @@ def test_when_no_older_pin_drops_in_time_a_young_span_is_taken_not_refused(tier)
     put(tier, b"new", value)
     assert time.monotonic() - started >= PIN_WAIT_S * 0.9       # it waited, then took k6
     assert not tier.exists(b"k6") and tier.exists(b"k7") and tier.exists(b"new")
+    stats = tier.stats()
+    assert stats["pin_waits_expired"] == 1 and stats["young_spans_reclaimed"] == 1
     for handle in handles[:6]:
         tier.release(handle)
 
@@ -180,6 +182,23 @@ def test_a_value_committed_after_its_span_aged_counts_as_young_from_its_commit(t
     tier.commit(write_late(tier, b"late", value), checksum(value))
     put(tier, b"new", b"n" * (SEG - 256))
     assert read(tier, b"late") == value and not tier.exists(b"k0") and tier.exists(b"k1")
+
+
+def test_allocations_never_committed_do_not_age_a_committed_value(tier):
+    """Peers that ALLOC and die claim spans without writing a value: a value committed
+    before them stays young however many there are (counted by claims, the hostile-peers
+    scenario's dying peers aged every span twice as fast as the values really written)."""
+    value = b"v" * (SEG // 2)
+    put(tier, b"kept", value)
+    for i in range(5):                               # 5 of 8 segments, past a quarter arena
+        handle, _, target = tier.alloc(f"dead{i}".encode(), SEG - 256)
+        target.release()
+        tier.abort(handle)
+    kept = tier.arena.segment_of(tier.entry(b"kept").record)
+    assert tier.arena.is_young(kept)
+    for i in range(3):                               # commits count: a quarter arena on, it
+        put(tier, f"next{i}".encode(), b"n" * (SEG - 256))           # is old
+    assert not tier.arena.is_young(kept) and tier.exists(b"kept")
 
 
 def test_among_young_spans_the_claim_takes_the_one_written_least_recently(tier):
