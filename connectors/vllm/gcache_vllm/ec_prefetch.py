@@ -23,9 +23,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 CLAIM_S = 30.0        # a request held back for its read is scheduled within steps, not this
 REFUSE_S = 10.0       # after a failed read, encode rather than probe the same item again
+
+
+@dataclass(slots=True)
+class _Held:
+    """An item loading or ready in the workers' caches."""
+
+    embeddings: int
+    until: float          # loading: give up waiting then; ready: drop it unclaimed then
+    ready: bool = False
 
 
 class Prefetches:
@@ -35,10 +45,8 @@ class Prefetches:
         self._exists = exists
         self._load_wait_s, self._claim_s, self._refuse_s = load_wait_s, claim_s, refuse_s
         self._budget = budget
-        self._held: dict[str, int] = {}           # loading or ready: identifier -> embeddings
         self._clock = clock
-        self._loading: dict[str, float] = {}      # identifier -> give up waiting then
-        self._ready: dict[str, float] = {}        # identifier -> drop unclaimed then
+        self._held: dict[str, _Held] = {}         # loading or ready, by identifier
         self._refused: dict[str, float] = {}      # identifier -> ask GCache again then
         self._resident: set[str] = set()
         self._to_load: list[str] = []
@@ -52,26 +60,27 @@ class Prefetches:
         read or waits for room, starting the reads GCache can serve."""
         now, ready = self._clock(), True
         for identifier, embeddings in items:
-            if identifier in self._resident or identifier in self._ready:
+            if identifier in self._resident:
                 continue
-            deadline = self._loading.get(identifier)
-            if deadline is not None:
-                if now < deadline:
+            held = self._held.get(identifier)
+            if held is not None:
+                if held.ready:
+                    continue
+                if now < held.until:
                     ready = False
                 else:                                   # the workers never answered
-                    del self._loading[identifier]
-                    self._held.pop(identifier, None)
+                    del self._held[identifier]
                     self._refused[identifier] = now + self._refuse_s
                     self.counters["gave_up"] += 1
                 continue
             if self._refused.get(identifier, 0.0) > now or not self._exists(identifier):
                 continue
-            if self._held and sum(self._held.values()) + embeddings > self._budget:
+            if self._held and \
+                    sum(h.embeddings for h in self._held.values()) + embeddings > self._budget:
                 self.counters["waits_for_room"] += 1
                 ready = False
                 continue
-            self._held[identifier] = embeddings
-            self._loading[identifier] = now + self._load_wait_s
+            self._held[identifier] = _Held(embeddings, now + self._load_wait_s)
             self._to_load.append(identifier)
             self.counters["prefetches"] += 1
             ready = False
@@ -79,12 +88,12 @@ class Prefetches:
 
     def ready(self, identifier: str) -> bool:
         """In the workers' caches and not yet allocated: the scheduler may skip its encoder."""
-        return identifier in self._ready
+        held = self._held.get(identifier)
+        return held is not None and held.ready
 
     def allocated(self, identifier: str) -> None:
         """The scheduler's encoder cache holds it now (read ahead or encoded): vLLM frees it."""
         self._resident.add(identifier)
-        self._ready.pop(identifier, None)
         self._held.pop(identifier, None)
 
     def freed(self, identifiers: Iterable[str]) -> None:
@@ -94,23 +103,23 @@ class Prefetches:
         """The workers' answer: read into every worker's cache, or not into some."""
         now = self._clock()
         for identifier in failed:
-            self._held.pop(identifier, None)
-            if self._loading.pop(identifier, None) is not None:
+            held = self._held.pop(identifier, None)
+            if held is not None and not held.ready:
                 self.counters["failed"] += 1
             self._refused[identifier] = now + self._refuse_s
             self._unclaimed(identifier)
         for identifier in loaded:
-            if self._loading.pop(identifier, None) is not None:
-                self._ready[identifier] = now + self._claim_s
-            else:                                       # after we gave up on it
+            held = self._held.get(identifier)
+            if held is None:                            # after we gave up on it
                 self._unclaimed(identifier)
+            elif not held.ready:
+                held.ready, held.until = True, now + self._claim_s
 
     def take_step(self) -> tuple[list[str], list[str]]:
         """This step's reads to start and unclaimed items to drop from the workers' caches."""
         now = self._clock()
-        for identifier in [i for i, until in self._ready.items() if until <= now]:
-            del self._ready[identifier]
-            self._held.pop(identifier, None)
+        for identifier in [i for i, h in self._held.items() if h.ready and h.until <= now]:
+            del self._held[identifier]
             self._unclaimed(identifier)
         self._refused = {i: until for i, until in self._refused.items() if until > now}
         loads = self._to_load

@@ -102,3 +102,24 @@ def test_reads_ahead_wait_for_room_past_the_budget_but_one_is_always_read():
     p.reported(loaded=set(), failed={"b"})
     assert p.available(items("huge", embeddings=5000)) is False  # alone: read all the same
     assert p.take_step() == (["huge"], ["b"])             # b: from any worker that read it
+
+
+def test_a_ready_item_a_worker_later_reports_failed_is_no_longer_ready_nor_counted():
+    """Reports of one item can disagree (a worker evicted its copy): a failure after a read
+    makes it a miss, frees its share of the budget, and a repeated read report of a ready item
+    changes nothing."""
+    clock = Clock()
+    p, _ = prefetches({"a", "b", "c"}, clock)
+    p.available(items("a", embeddings=600))
+    p.take_step()
+    p.reported(loaded={"a"}, failed=set())
+    p.reported(loaded={"a"}, failed=set())              # again: still ready, nothing dropped
+    assert p.ready("a") and p.take_step() == ([], [])
+    assert p.available(items("b", embeddings=600)) is False
+    assert p.take_step() == ([], [])                    # no room beside "a"
+    p.reported(loaded=set(), failed={"a"})
+    assert not p.ready("a") and p.available(items("a")) is True     # encoded now
+    assert p.take_step() == ([], ["a"])
+    assert p.available(items("b", embeddings=600)) is False
+    assert p.take_step() == (["b"], [])                 # its room came back
+    assert p.counters["failed"] == 0                    # it had been read: not a failed read
