@@ -290,8 +290,8 @@ class Arena:
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
         self.written = 0                  # bytes of values clients committed, copies not counted
-        # claims that evicted a young span (``is_young``): values acknowledged not long before
-        # went, for want of an older span that no lease or write in flight pinned
+        # claims that evicted a young span (``is_young``) without a cold tier: values
+        # acknowledged not long before went, for want of an older span nothing pinned
         self.young_reclaims = 0
         self._on_evict = on_evict
         self.require_clean = False    # with a cold tier, only clean spans may be reused
@@ -354,7 +354,8 @@ class Arena:
                           f"{'' if fresh and young_ok else '; young ones spared'})")
         self._open = None            # a failed claim keeps the open segment's room for others
         heads = {self.segments[i].head for i in range(start, start + span)} - {-1}
-        self.young_reclaims += any(self.is_young(self.segments[h]) for h in heads)
+        if not self.require_clean:         # with a cold tier their values are on disk
+            self.young_reclaims += any(self.is_young(self.segments[h]) for h in heads)
         for index in sorted(heads):
             self._evict_span(self.segments[index])
         head = self.segments[start]
