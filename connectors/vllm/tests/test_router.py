@@ -357,35 +357,42 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
         return (metric(router, "gcache_router_queued_prefill_tokens", name) > 0
                 and metric(router, "gcache_router_running_decodes", name) > 0)
 
-    def queued_on(wanted: int) -> None:
-        deadline = time.monotonic() + 60
-        while sum(metric(router, "gcache_router_queued_prefill_tokens", n) > 0
-                  for n in names) < wanted:
-            assert time.monotonic() < deadline, f"not {wanted} engine(s) with a queued request"
-            time.sleep(0.02)
+    def loads() -> dict[str, tuple[float, float]]:
+        return {n: (metric(router, "gcache_router_queued_prefill_tokens", n),
+                    metric(router, "gcache_router_running_decodes", n)) for n in names}
+
+    def queued_engines() -> int:
+        return sum(queued > 0 for queued, _ in loads().values())
 
     def submit(pool, i):
         return pool.submit(stream, router, bodies[i], allow_error=True) if streams[i] else \
             pool.submit(post, router, bodies[i])
 
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        # Two plain requests first, one at a time, so the least loaded engine takes the second:
-        # each engine then holds a request that streams nothing until it is done, and the
-        # first stream to start anywhere gives that engine both kinds, whatever order the rest
-        # arrive in (sent all at once, every stream could land on one engine and every plain
-        # request on the other: seen in CI).
-        first = [i for i in range(len(bodies)) if not streams[i]][:2]
+        # Plain requests first, one at a time, until both engines hold one: each engine then
+        # holds a request that streams nothing until it is done, and the first stream to start
+        # anywhere gives that engine both kinds, whatever order the rest arrive in (sent all
+        # at once, every stream could land on one engine and every plain request on the other:
+        # seen in CI). The least loaded engine takes the next one; but an engine that finished
+        # its request before the next was routed ties with the idle one, and a tie goes to the
+        # smaller name (seen once in CI: the second went where the first had been), so the
+        # next plain request follows at once rather than after a long wait.
         futures = {}
-        for count, i in enumerate(first, 1):
+        for i in [i for i in range(len(bodies)) if not streams[i]]:
             futures[i] = submit(pool, i)
-            queued_on(count)
+            deadline = time.monotonic() + 2
+            while queued_engines() < min(2, len(futures)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if queued_engines() >= 2:
+                break
         futures.update({i: submit(pool, i) for i in range(len(bodies)) if i not in futures})
         futures = [futures[i] for i in range(len(bodies))]
         deadline = time.monotonic() + 120
         # One reading picks the engine: reading the metrics again could find the queue already
         # drained (seen in CI as a StopIteration).
         while (index := next((i for i, n in enumerate(names) if both_kinds(n)), None)) is None:
-            assert time.monotonic() < deadline, "no engine ever had both kinds in flight"
+            assert time.monotonic() < deadline, \
+                f"no engine ever had both kinds in flight (queued, decoding): {loads()}"
             time.sleep(0.05)
         victim, name, survivor = engines[index], names[index], names[1 - index]
         victim.kill()
