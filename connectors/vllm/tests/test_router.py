@@ -245,12 +245,21 @@ def test_requests_sharing_a_prefix_go_to_the_instance_that_holds_it(router, engi
             assert int(again["gpu_hit_tokens"]) >= 2 * BLOCK, again
 
 
-def metric(router_url: str, name: str, instance: str) -> float:
+def metrics(router_url: str) -> dict[tuple[str, str], float]:
+    """The router's per-instance samples, from one read of /metrics: (name, instance) ->
+    value."""
+    samples = {}
     with urllib.request.urlopen(router_url + "/metrics", timeout=10) as answer:
         for line in answer.read().decode().splitlines():
-            if line.startswith(f'{name}{{instance="{instance}"}} '):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+            head, _, value = line.rpartition(" ")
+            name, labelled, instance = head.partition('{instance="')
+            if labelled and instance.endswith('"}'):
+                samples[(name, instance[:-2])] = float(value)
+    return samples
+
+
+def metric(router_url: str, name: str, instance: str) -> float:
+    return metrics(router_url).get((name, instance), 0.0)
 
 
 def test_a_prefix_only_gcache_holds_goes_to_the_least_loaded_and_loads_from_the_connector(
@@ -353,16 +362,15 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
     streams = [i % 4 in (1, 2) for i in range(len(bodies))]
     names = [e.url.removeprefix("http://") for e in engines]
 
-    def both_kinds(name: str) -> bool:
-        return (metric(router, "gcache_router_queued_prefill_tokens", name) > 0
-                and metric(router, "gcache_router_running_decodes", name) > 0)
-
-    def loads() -> dict[str, tuple[float, float]]:
-        return {n: (metric(router, "gcache_router_queued_prefill_tokens", n),
-                    metric(router, "gcache_router_running_decodes", n)) for n in names}
+    def loads() -> list[tuple[float, float]]:
+        """(queued prefill tokens, running decodes) of each engine, in ``names`` order, from
+        one reading."""
+        sample = metrics(router)
+        return [(sample.get(("gcache_router_queued_prefill_tokens", n), 0.0),
+                 sample.get(("gcache_router_running_decodes", n), 0.0)) for n in names]
 
     def queued_engines() -> int:
-        return sum(queued > 0 for queued, _ in loads().values())
+        return sum(queued > 0 for queued, _ in loads())
 
     def submit(pool, i):
         return pool.submit(stream, router, bodies[i], allow_error=True) if streams[i] else \
@@ -381,16 +389,18 @@ def test_an_engine_killed_mid_run_loses_no_request_that_had_not_started_streamin
         for i in [i for i in range(len(bodies)) if not streams[i]]:
             futures[i] = submit(pool, i)
             deadline = time.monotonic() + 2
-            while queued_engines() < min(2, len(futures)) and time.monotonic() < deadline:
+            while (queued := queued_engines()) < min(2, len(futures)) and \
+                    time.monotonic() < deadline:
                 time.sleep(0.02)
-            if queued_engines() >= 2:
+            if queued >= 2:
                 break
         futures.update({i: submit(pool, i) for i in range(len(bodies)) if i not in futures})
         futures = [futures[i] for i in range(len(bodies))]
         deadline = time.monotonic() + 120
         # One reading picks the engine: reading the metrics again could find the queue already
         # drained (seen in CI as a StopIteration).
-        while (index := next((i for i, n in enumerate(names) if both_kinds(n)), None)) is None:
+        while (index := next((i for i, (queued, decoding) in enumerate(loads())
+                              if queued > 0 and decoding > 0), None)) is None:
             assert time.monotonic() < deadline, \
                 f"no engine ever had both kinds in flight (queued, decoding): {loads()}"
             time.sleep(0.05)
