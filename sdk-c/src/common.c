@@ -15,7 +15,7 @@ int gc_exists(gc_link *l, const gc_key *keys, size_t n, uint8_t *present)
     int rc = gc_request(c, &h, NULL, 0, payload, len);
     free(payload);
     if (!rc) rc = gc_reply(c, &h, n, &reply);
-    if (!rc && reply.status != GC_ST_OK) rc = gc_status_miss(reply.status);
+    if (!rc && reply.status != GC_ST_OK) rc = gc_failure_miss(reply.status);
     if (!rc && reply.payload_len != n) rc = GCACHE_MISS_PROTOCOL;
     if (!rc) rc = gc_conn_recv(c, present, n, NULL);
     for (size_t i = 0; !rc && i < n; i++)
@@ -31,7 +31,7 @@ int gc_delete(gc_link *l, gc_key key, int *answer)
     int rc = gc_request(c, &h, key.data, key.len, NULL, 0);
     if (!rc) rc = gc_reply(c, &h, 0, &reply);
     if (!rc && reply.status != GC_ST_OK && reply.status != GC_ST_NOT_FOUND)
-        rc = gc_status_miss(reply.status);
+        rc = gc_failure_miss(reply.status);
     if (!rc) *answer = reply.status == GC_ST_OK;
     return rc;
 }

@@ -75,3 +75,9 @@ int gc_status_miss(uint8_t status)
     default: return GCACHE_MISS_SERVER_ERROR;
     }
 }
+
+int gc_failure_miss(uint8_t status)
+{
+    return status == GC_ST_AUTH_REQUIRED || status == GC_ST_AUTH_FAILED ? GCACHE_MISS_AUTH
+                                                                        : GCACHE_MISS_SERVER_ERROR;
+}

@@ -53,8 +53,12 @@ void gc_pack_header(const gc_header *h, uint8_t out[GC_HEADER_SIZE]);
 int gc_unpack_header(const uint8_t in[GC_HEADER_SIZE], uint64_t max_payload, gc_header *h,
                      const char **why);
 
-/* The server's status as the miss it makes a call (docs/protocol.md, "Statuses"). */
+/* A status that answers a call (NOT_FOUND, NO_SPACE, CHECKSUM_MISMATCH) as the call's miss. */
 int gc_status_miss(uint8_t status);
+/* A status that fails an exchange as the miss it counts as: auth for AUTH_REQUIRED and
+ * AUTH_FAILED, server_error for every other (docs/protocol.md, "What a client does with
+ * failures"). */
+int gc_failure_miss(uint8_t status);
 
 /* Little-endian scalars. */
 static inline void gc_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
@@ -66,6 +70,10 @@ static inline uint16_t gc_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[
 static inline uint32_t gc_get32(const uint8_t *p)
 {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint32_t gc_get32_be(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 static inline uint64_t gc_get64(const uint8_t *p)
 {

@@ -130,7 +130,7 @@ int gc_hello(gc_conn *c, const char *token, int want_fd, gc_facts *facts, int *f
     }
     if (!rc && reply.status != GC_ST_OK)
         rc = reply.status == GC_ST_AUTH_FAILED || reply.status == GC_ST_AUTH_REQUIRED
-                 ? GCACHE_MISS_AUTH : gc_status_miss(reply.status);
+                 ? GCACHE_MISS_AUTH : gc_failure_miss(reply.status);
     if (!rc) rc = gc_parse_facts(body, (size_t)reply.payload_len, facts, &why);
     free(body);
     c->deadline = 0;

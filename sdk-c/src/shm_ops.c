@@ -181,7 +181,8 @@ int gc_shm_put(gc_link *l, gc_key key, const void *value, size_t len, uint64_t g
     int rc = gc_request(c, &h, key.data, key.len, NULL, 0);
     if (rc) return rc;
     /* the round trip costs no time of its own: hash while the server allocates */
-    while (a.hashed < len && !gc_conn_readable(c)) hash_through(&a, value, a.hashed + HASH_PIECE);
+    while (a.hashed < len && !gc_conn_readable(c))
+        hash_through(&a, value, len - a.hashed < HASH_PIECE ? len : a.hashed + HASH_PIECE);
     gc_extent e;
     rc = gc_reply(c, &h, 0, &reply);
     if (!rc) rc = allocated(l, &reply, len, until, &e, answer);
@@ -214,7 +215,7 @@ int gc_lease_many(gc_link *l, const gc_key *keys, size_t n, uint64_t max_value,
     gc_conn_expect(c, len);
     int rc = gc_request(c, &h, NULL, 0, payload, len);
     if (!rc) rc = gc_reply(c, &h, n * GC_LEASE_ENTRY, &reply);
-    if (!rc && reply.status != GC_ST_OK) rc = gc_status_miss(reply.status);
+    if (!rc && reply.status != GC_ST_OK) rc = gc_failure_miss(reply.status);
     if (!rc && reply.payload_len != n * GC_LEASE_ENTRY) rc = GCACHE_MISS_PROTOCOL;
     if (!rc) rc = gc_conn_recv(c, table, n * GC_LEASE_ENTRY, NULL);
     for (size_t i = 0; !rc && i < n; i++) {

@@ -144,7 +144,7 @@ int gc_tcp_batch_get(gc_link *l, const gc_key *keys, void *const *outs, const si
     gc_conn_expect(c, klen);
     int rc = gc_request(c, &h, NULL, 0, payload, klen);
     if (!rc) rc = gc_reply(c, &h, limit, &reply);
-    if (!rc && reply.status != GC_ST_OK) rc = gc_status_miss(reply.status);
+    if (!rc && reply.status != GC_ST_OK) rc = gc_failure_miss(reply.status);
     if (!rc && reply.payload_len < n * GC_GET_ENTRY) rc = GCACHE_MISS_PROTOCOL;
     if (!rc) rc = gc_conn_recv(c, table, n * GC_GET_ENTRY, NULL);
     if (!rc) rc = check_table(table, n, max_value, reply.payload_len);
@@ -208,7 +208,7 @@ int gc_tcp_batch_put(gc_link *l, const gc_key *keys, const void *const *values,
     gc_header reply;
     int rc = gc_conn_sendv(c, iov, (int)n + 2);
     if (!rc) rc = gc_reply(c, &h, n, &reply);
-    if (!rc && reply.status != GC_ST_OK) rc = gc_status_miss(reply.status);
+    if (!rc && reply.status != GC_ST_OK) rc = gc_failure_miss(reply.status);
     if (!rc && reply.payload_len != n) rc = GCACHE_MISS_PROTOCOL;
     if (!rc) rc = gc_conn_recv(c, statuses, n, NULL);
     for (size_t i = 0; !rc && i < n; i++) {

@@ -33,7 +33,7 @@ int gc_answer(uint8_t op, uint8_t status)
     int write = op == GC_PUT || op == GC_ALLOC || op == GC_COMMIT;
     if (status == GC_ST_NO_SPACE && (write || op == GC_GET || op == GC_LEASE)) return 0;
     if (status == GC_ST_CHECKSUM_MISMATCH && write) return 0;
-    return gc_status_miss(status);
+    return gc_failure_miss(status);
 }
 
 int gc_reply_payload(gc_conn *c, const gc_header *reply, void *buf, size_t limit)
