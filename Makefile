@@ -38,16 +38,17 @@ run: $(STAMP)
 # then SGLang's; vLLM's engine suite, its interface suite, then the core fault suite. Every suite
 # is printed whole when it ends. (Splitting the core suite over both lanes ran it beside three
 # installs and held the engine suite back behind it: longer, and sub-second lease windows ran
-# out.)
+# out.) The C SDK's suite (test-c, about a minute) runs in the first lane between the core suite
+# and SGLang's, whose environment is often still installing then.
 test:
-	$(MAKE) --no-print-directory -j4 -O LANES=1 lint test-core test-sglang test-vllm-engine \
-	  test-vllm-interface test-fault
+	$(MAKE) --no-print-directory -j4 -O LANES=1 lint test-core test-c test-sglang \
+	  test-vllm-engine test-vllm-interface test-fault
 
 # A new lint or type error fails make test: ruff over everything we wrote, mypy --strict over
 # gcache/ (pyproject.toml has both configs; the connectors' engines are untyped, so mypy skips
 # them).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gcache tests bench connectors
+	$(VENV)/bin/ruff check gcache tests bench connectors sdk-c
 	$(VENV)/bin/mypy
 
 # tests/deploy checks the systemd units with systemd's own tools (Debian's systemd and
@@ -63,9 +64,19 @@ test-core: $(STAMP) system-tools
 test-fault: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/fault
 
+# The C SDK (sdk-c/Makefile): libgcache.so and .a; its tests are built with ASan and UBSan and
+# run against real servers from .venv (Debian's libxxhash-dev is installed when missing).
+.PHONY: sdk-c test-c
+sdk-c:
+	$(MAKE) --no-print-directory -C sdk-c all
+
+test-c: $(STAMP)
+	$(MAKE) --no-print-directory -C sdk-c test PY=$(CURDIR)/$(PY)
+
 ifdef LANES
 test-core: | lint
-test-sglang: | test-core
+test-c: | test-core
+test-sglang: | test-c
 test-vllm-interface: | test-vllm-engine
 test-fault: | test-vllm-interface
 endif

@@ -31,23 +31,28 @@ void gc_link_close(gc_link *link)
 
 int gc_acquire(gcache *c, gc_server *s, gc_link **link)
 {
-    pthread_mutex_lock(&s->lock);
-    if (s->suspect_until > gc_now()) {
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        if (s->suspect_until > gc_now()) {
+            pthread_mutex_unlock(&s->lock);
+            return GCACHE_MISS_SUSPECT;
+        }
+        gc_link *idle = s->idle;
+        if (idle) {
+            s->idle = idle->next;
+            s->n_idle--;
+        }
         pthread_mutex_unlock(&s->lock);
-        return GCACHE_MISS_SUSPECT;
-    }
-    gc_link *idle = s->idle;
-    if (idle) {
-        s->idle = idle->next;
-        s->n_idle--;
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (idle) {
+        if (!idle) return gc_connect(c, s, link);
         idle->next = NULL;
-        *link = idle;
-        return 0;
+        /* an idle link has nothing to read: bytes or the end there mean the server closed it
+         * (a restart, its idle limit), and a request on it would be a needless miss */
+        if (!gc_conn_readable(&idle->conn)) {
+            *link = idle;
+            return 0;
+        }
+        gc_link_close(idle);
     }
-    return gc_connect(c, s, link);
 }
 
 void gc_release(gcache *c, gc_link *link)
