@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import c_sdk
 import nixl_bare
 from baselines import (
     RedisServer,
@@ -180,6 +181,10 @@ def main() -> int:
                             client, size, args.repeat, args.bytes_per_run)
                     gcache[f"{transport}/get_into_64KiB_latency"] = latency_ms(client, 64 * 1024)
             gcache["shm/batch_scaling"] = batch_scaling(cluster.addresses, args.repeat)
+            if c_sdk.build():
+                print("measuring the C SDK (libgcache) ...", flush=True)
+                gcache.update(c_sdk.figures(cluster.addresses[0], args.repeat,
+                                            args.bytes_per_run))
     if huge:
         gcache["small_pages"] = small_pages(transports, args.repeat, args.bytes_per_run)
 
@@ -276,6 +281,7 @@ def ratios(limits: dict, gcache: dict) -> dict[str, dict[str, float]]:
         for name, gbps in gcache[f"shm/{size}"].items():
             out[f"shm {name}@{size}"] = {"gbps": gbps, "x_limit": gbps / limits["memcpy_gbps"],
                                          "limit": "memcpy"}
+    out.update(c_sdk.ratios(limits, gcache))
     return out
 
 
@@ -305,7 +311,7 @@ def print_table(report: dict) -> None:
     print("limits (GB/s): " + ", ".join(f"{k.removesuffix('_gbps')}={v:.2f}"
                                         for k, v in limits.items() if k.endswith("_gbps")))
     print(f"\n{'operation':<32}{'GB/s':>8}{'x limit':>9}{'x redis':>9}{'x mooncake':>11}"
-          "  target")
+          f"{'x python':>9}  target")
     for name, row in report["ratios"].items():
         targets = []
         if name in TARGETS:
@@ -316,7 +322,7 @@ def print_table(report: dict) -> None:
             targets.append(f">= {MOONCAKE_TARGET}x mooncake: "
                            f"{'met' if row['x_mooncake'] >= MOONCAKE_TARGET else 'NOT met'}")
         cells = "".join(f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}"
-                        for k, w in (("x_redis", 9), ("x_mooncake", 11)))
+                        for k, w in (("x_redis", 9), ("x_mooncake", 11), ("x_python", 9)))
         print(f"{name:<32}{row['gbps']:>8.2f}{row['x_limit']:>9.2f}{cells}  "
               + "; ".join(targets))
     tcp = report["gcache"]["tcp/4MiB"]
@@ -331,7 +337,7 @@ def print_table(report: dict) -> None:
               f"p99={lat['p99_ms']:.3f} ms  target p50 <= {goal} ms: "
               f"{'met' if lat['p50_ms'] <= goal else 'NOT met'}")
     print(f"{'(raw socket 64KiB round trip)':<32} p50={raw_ms:.3f} ms")
-    for line in small_page_lines(gcache):
+    for line in small_page_lines(gcache) + c_sdk.lines(report):
         print(line)
     scaling = gcache["shm/batch_scaling"]
     ours = scaling["io_threads_2_gbps"] / scaling["io_threads_1_gbps"]

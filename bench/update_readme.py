@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+import c_sdk
 from dataplane import small_page_lines
 
 from gcache.kv.replay import CLUSTER_SAMPLE_EVERY, OPTIMAL
@@ -73,6 +74,7 @@ def render_dataplane(report: dict) -> str:
     lines.append(f"- Raw socket 64 KiB round trip: p50 "
                  f"{limits['raw_socket_64KiB_rtt_p50_ms']:.3f} ms.")
     lines.extend(f"- {line}." for line in small_page_lines(gcache))
+    lines.extend(f"- {line}." for line in c_sdk.lines(report))
     scaling = gcache["shm/batch_scaling"]
     lines.append(f"- `batch_get_into` of 16 × 4 MiB over shared memory: "
                  f"{scaling['io_threads_1_gbps']:.2f} GB/s with 1 IO thread, "
