@@ -12,7 +12,9 @@ mid-transfer). ``connector: false``: no KV connector. ``load_format`` and ``load
 vLLM's ``--load-format`` and ``--model-loader-extra-config``. ``mm_prompts`` (instead of
 ``prompts``): text prompts with one image each, ``{"text": ..., "image": PATH}``; ``ec: true``
 adds the GCache EC connector (``ec_both``), whose worker counters the result then carries as
-``ec``; ``mm_processor_kwargs``: the engine's.
+``ec``; ``mm_processor_kwargs``: the engine's. ``ec_kill_on_load`` (``[pid, "host:port"]``):
+the EC connector is ``lossy_ec_connector.LossyECConnector``, which SIGKILLs that GCache server
+between the scheduler's probe and the worker's read.
 """
 
 from __future__ import annotations
@@ -59,10 +61,14 @@ def main() -> None:
         more["model_loader_extra_config"] = spec.get("loader_config", {})
     if spec.get("ec"):
         from vllm.config import ECTransferConfig
+        ec_extra = {k: v for k, v in extra.items() if k != "gcache_policy"}
+        name, module = "GCacheECConnector", "gcache_vllm.ec_connector"
+        if spec.get("ec_kill_on_load"):
+            name, module = "LossyECConnector", "lossy_ec_connector"     # beside this file
+            ec_extra["test_kill_on_load"] = spec["ec_kill_on_load"]
         more["ec_transfer_config"] = ECTransferConfig(
-            ec_connector="GCacheECConnector", ec_role="ec_both",
-            ec_connector_module_path="gcache_vllm.ec_connector",
-            ec_connector_extra_config={k: v for k, v in extra.items() if k != "gcache_policy"})
+            ec_connector=name, ec_role="ec_both", ec_connector_module_path=module,
+            ec_connector_extra_config=ec_extra)
     if spec.get("mm_prompts"):
         more["limit_mm_per_prompt"] = {"image": 1}
         if spec.get("mm_processor_kwargs"):

