@@ -24,8 +24,8 @@ struct gcache_op {
     pthread_cond_t cond;
     int done, freed;
     int64_t result;
-    uint8_t key[GC_MAX_KEY];      /* copies: the caller's may go once the call returns */
-    uint8_t group[GC_MAX_KEY];
+    uint8_t key[GC_MAX_KEY];      /* a copy: the caller's may go once the call returns (of a
+                                   * group only its hash is kept) */
 };
 
 static void destroy(gcache_op *op)

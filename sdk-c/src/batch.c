@@ -11,31 +11,11 @@
 #include <string.h>
 
 #include "frame.h"
-#include "single.h"
 
 #define PUT_CHUNK 256
 #define LATE 1                    /* a copy refused for its passed window: put it again */
 
-typedef struct batch batch;
-
-typedef struct request {
-    gc_job job;
-    batch *b;
-    gc_server *server;            /* NULL: no server owns these keys */
-    uint64_t group;               /* puts: every key's group */
-    size_t n, cap, *idx;
-    struct request *next;
-} request;
-
-struct batch {
-    gcache *c;
-    gcache_item *items;
-    enum gc_kind kind;
-    unsigned flags;
-    uint64_t *groups;             /* each item's placement hash */
-    pthread_mutex_t lock;         /* again */
-    size_t n_again, *again;       /* retried one by one at the end */
-};
+#include "batch.h"
 
 typedef struct copy {
     gc_job job;
@@ -265,72 +245,6 @@ static void run_request(gc_job *job)
     fail_rest(r, rc);
 }
 
-/* The owner of item i, reusing the slots of the last group placed (a batch's keys mostly
- * share one group). Caller holds c->lock. */
-static gc_server *owner_of(batch *b, size_t i, uint64_t *last_group, uint32_t **slots)
-{
-    gcache *c = b->c;
-    const gcache_item *it = &b->items[i];
-    uint64_t g = b->groups[i];
-    if (!c->ring) return NULL;
-    if (!g) return gc_owner_locked(c, it->key, it->key_len, 0);
-    if (!*slots || *last_group != g) {
-        free(*slots);
-        *slots = malloc(c->ring->group_width * sizeof **slots);
-        if (!*slots) return NULL;
-        gc_ring_slot_owners(c->ring, g, *slots);
-        *last_group = g;
-    }
-    uint32_t m = (*slots)[gc_key_hash(it->key, it->key_len) % c->ring->group_width];
-    return m == GC_NO_OWNER ? NULL : c->ring->members[m].user;
-}
-
-static void free_requests(request *r)
-{
-    while (r) {
-        request *next = r->next;
-        free(r->idx);
-        free(r);
-        r = next;
-    }
-}
-
-/* Items [from, to) grouped into requests; NULL when out of memory. */
-static request *plan(batch *b, size_t from, size_t to, int *failed)
-{
-    request *head = NULL;
-    uint64_t last_group = 0;
-    uint32_t *slots = NULL;
-    *failed = 0;
-    pthread_mutex_lock(&b->c->lock);
-    for (size_t i = from; i < to && !*failed; i++) {
-        gc_server *s = owner_of(b, i, &last_group, &slots);
-        uint64_t g = b->kind == GC_KIND_PUT ? b->groups[i] : 0;
-        request *r = head;
-        while (r && (r->server != s || r->group != g || r->n == GC_BATCH_MAX)) r = r->next;
-        if (!r && (r = calloc(1, sizeof *r))) {
-            *r = (request){.b = b, .server = s, .group = g, .next = head};
-            head = r;
-        }
-        if (r && r->n == r->cap) {
-            size_t cap = r->cap ? 2 * r->cap : 16, *idx = realloc(r->idx, cap * sizeof *idx);
-            if (idx) {
-                r->idx = idx;
-                r->cap = cap;
-            }
-        }
-        if (!r || r->n == r->cap) *failed = 1;
-        else r->idx[r->n++] = i;
-    }
-    pthread_mutex_unlock(&b->c->lock);
-    free(slots);
-    if (*failed) {
-        free_requests(head);
-        return NULL;
-    }
-    return head;
-}
-
 /* Each item retried on its own (NO_SPACE reads, late puts), in parallel. */
 static void run_again(batch *b)
 {
@@ -376,7 +290,7 @@ int64_t gc_run_batch(gcache *c, gcache_item *items, size_t count, enum gc_kind k
     for (size_t from = 0; from < count && !rc; from += chunk) {
         size_t to = count - from < chunk ? count : from + chunk;
         int failed;
-        request *head = plan(&b, from, to, &failed);
+        request *head = gc_plan(&b, from, to, &failed);
         if (failed) {
             rc = GCACHE_ERR_NO_MEMORY;
             break;
@@ -388,7 +302,7 @@ int64_t gc_run_batch(gcache *c, gcache_item *items, size_t count, enum gc_kind k
             gc_submit(c->workers, &r->job);
         }
         gc_wait_for(c->workers, &wait);
-        free_requests(head);
+        gc_free_requests(head);
     }
     if (!rc) run_again(&b);
     int64_t ok = 0;
