@@ -6,6 +6,7 @@
  *   auth good|bad|none              against a server with a token
  *   hostile                         every call against a lying server is a miss
  *   owners N                        "key -> owner" lines, for Python to compare
+ *   expect get|put KEY REASON SIZE  the call's result is the miss named REASON (or "ok")
  *   hostid                          this host's id as libgcache computes it
  * followed by --servers A,B | --master M, --transport, --token, --timeout. */
 #include <pthread.h>
@@ -143,6 +144,19 @@ static void hostile(gcache *c)
           "exists from a lying server");
 }
 
+static void expect(gcache *c, const char *op, const char *key, const char *reason, size_t size)
+{
+    uint8_t *buf = calloc(size ? size : 1, 1);
+    int64_t got = !strcmp(op, "put") ? gcache_put(c, key, strlen(key), buf, size, NULL, 0)
+                                     : gcache_get_into(c, key, strlen(key), buf, size, NULL);
+    CHECK(!strcmp(gcache_strerror(got), reason), "%s %s: %s, expected %s", op, key,
+          gcache_strerror(got), reason);
+    gcache_stats st;
+    gcache_get_stats(c, &st);
+    CHECK(got >= 0 || st.misses_by_reason[-got] == 1, "the miss counted under its reason");
+    free(buf);
+}
+
 static void owners(gcache *c, long n)
 {
     for (long i = 0; i < n; i++) {
@@ -165,7 +179,8 @@ int main(int argc, char **argv)
         return 0;
     }
     int takes = !strcmp(what, "xput") || !strcmp(what, "xget") || !strcmp(what, "dead") ? 2
-              : !strcmp(what, "auth") || !strcmp(what, "owners") ? 1 : 0;
+              : !strcmp(what, "auth") || !strcmp(what, "owners") ? 1
+              : !strcmp(what, "expect") ? 4 : 0;
     test_args a;
     parse_args(argc, argv, 2 + takes, &a);
     gcache *c = open_or_die(&a);
@@ -175,6 +190,7 @@ int main(int argc, char **argv)
     else if (!strcmp(what, "auth")) auth(c, argv[2]);
     else if (!strcmp(what, "hostile")) hostile(c);
     else if (!strcmp(what, "owners")) owners(c, atol(argv[2]));
+    else if (!strcmp(what, "expect")) expect(c, argv[2], argv[3], argv[4], (size_t)atol(argv[5]));
     else {
         fprintf(stderr, "unknown scenario %s\n", what);
         return 2;
