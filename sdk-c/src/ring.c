@@ -49,8 +49,8 @@ void gc_ring_free(gc_ring *ring)
 /* round() of the reference: halves go to the even neighbour (the default FP rounding mode). */
 static long points_of(unsigned vnodes, double weight, double mean)
 {
-    long n = (long)nearbyint((double)vnodes * weight / mean);
-    return n < 1 ? 1 : n;
+    double n = nearbyint((double)vnodes * weight / mean);
+    return n >= 1 && n <= 1e9 ? (long)n : 1;   /* (a zero mean, a NaN: one point, no UB) */
 }
 
 gc_ring *gc_ring_new(const gc_member *members, size_t count, unsigned vnodes,
