@@ -13,8 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
-#define XXH_STATIC_LINKING_ONLY  /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "xxh.h"
 
 #define GC_READ_AHEAD 16384
 #define GC_DIRECT_MIN 4096        /* reads at least this large skip the read-ahead buffer */

@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "frame.h"
 #include "hello.h"

@@ -1,7 +1,7 @@
 /* The shared conformance vectors (tests/vectors/ (JSON), which the Python SDK's test checks
  * too), against libgcache's frame codec, batch tables, checksums, AUTH proofs, HELLO facts and
  * ring. Usage: test_vectors VECTOR_DIR. */
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "frame.h"
 #include "hello.h"
