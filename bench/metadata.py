@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_file import write_results
 
 from gcache.cli.local_cluster import LocalCluster
+from gcache.record_layout import SPAN_HEADER_BYTES, record_size
 from gcache.sdk import Client
-from gcache.server.arena import SEGMENT_HEADER_BYTES, record_size
 
 SEGMENT_BYTES = 64 * 2**20
 
@@ -48,7 +48,7 @@ def key_of(i: int) -> bytes:
 
 def arena_bytes(objects: int, value_bytes: int) -> int:
     """Room for every record with a quarter to spare, in whole segments."""
-    per_segment = (SEGMENT_BYTES - SEGMENT_HEADER_BYTES) // record_size(len(key_of(0)),
+    per_segment = (SEGMENT_BYTES - SPAN_HEADER_BYTES) // record_size(len(key_of(0)),
                                                                         value_bytes)
     segments = -(-objects * 5 // 4 // per_segment) + 2
     return segments * SEGMENT_BYTES

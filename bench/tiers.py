@@ -80,9 +80,9 @@ def cold_format(directory: str, disk_format: str, total: int, chunk: int) -> dic
     values = [rng.integers(0, 256, chunk, dtype=np.uint8).tobytes() for _ in range(8)]
     try:
         for i in range(n):
-            handle, _, target = store.alloc(f"k{i}".encode(), chunk)
-            target[:] = values[i % 8]
-            store.commit(handle, checksum(values[i % 8]))
+            write = store.alloc(f"k{i}".encode(), chunk)
+            write.receive(0, chunk, _copying(values[i % 8]))
+            write.commit(checksum(values[i % 8]))
         entries = [store.hot.entry(f"k{i}".encode()) for i in range(n)]
         start = time.perf_counter()
         demoted = store.demote(entries)
@@ -96,13 +96,24 @@ def cold_format(directory: str, disk_format: str, total: int, chunk: int) -> dic
         start = time.perf_counter()
         for i in range(n):
             leased = store.lease(f"k{i}".encode())
-            assert leased is not None and bytes(leased[2][:16]) == values[i % 8][:16]
-            leased[2].release()
-            store.release(leased[0])
+            assert leased is not None
+            view = leased.view(0, 16)
+            assert bytes(view) == values[i % 8][:16]
+            view.release()
+            leased.release()
         promote_s = time.perf_counter() - start
     finally:
         store.close(unlink=True)
     return {"demote_gbps": total / demote_s / 1e9, "cold_get_gbps": total / promote_s / 1e9}
+
+
+def _copying(value: bytes):
+    """A write's fill that copies ``value`` in and hashes it as it lands."""
+    def copy(view: memoryview, hasher) -> None:
+        view[:] = value
+        if hasher is not None:
+            hasher.update(view)
+    return copy
 
 
 def _writer(address: str, seconds: float, size: int, rate_bytes_s: float) -> None:

@@ -96,7 +96,8 @@ def _put_get_check(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    from gcache.config import ClientConfig, load_config
+    from gcache.config import ClientConfig
+    from gcache.config_loader import load_config
     from gcache.sdk import Client
 
     flags = {"servers": args.servers, "timeout_s": args.timeout, "token": args.token}

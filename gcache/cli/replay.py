@@ -13,8 +13,8 @@ table gives the hit rate an offline schedule reaches, so the optimum lies betwee
 The cluster's budget is its arena: ``budget × working set / scale`` of value bytes split over
 the servers, in segments small enough that first-in-first-out reclaims at a fine grain. The
 arena also holds each object's record header and key, which the model does not count; the arena
-is enlarged by exactly that for a page object (``gcache.server.arena.record_size``, the one
-import of server code here), so both hold the same value bytes and the comparison measures the
+is enlarged by exactly that for a page object (``gcache.record_layout.record_size``, the
+layout the server fills), so both hold the same value bytes and the comparison measures the
 model, not our header size.
 """
 
@@ -77,7 +77,7 @@ def arena_for_budget(trace: PreparedTrace, scale: int, budget: float,
     """(arena bytes, segment bytes) per server so that ``servers`` arenas hold ``budget`` of
     ``trace``'s full-layer working set, at 1/``scale``, in value bytes."""
     from gcache.kv.page_keys import page_key
-    from gcache.server.arena import record_size
+    from gcache.record_layout import record_size
 
     layout = trace.layout.scaled(scale)
     page_object = layout.full.bytes_per_token * layout.page_size

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gcache.config import ClientConfig, load_config
+from gcache.config import ClientConfig
+from gcache.config_loader import load_config
 from gcache.errors import InvalidRequest, MasterError
 from gcache.master_client import STATE_NAMES, MasterClient
 from gcache.placement import PlacedMap, Placement

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gcache.config import ClientConfig, load_config
+from gcache.config import ClientConfig
+from gcache.config_loader import load_config
 from gcache.errors import ConfigError
 from gcache.sdk import Client
 

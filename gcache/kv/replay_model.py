@@ -1,12 +1,10 @@
 """An in-process model of the store under a byte budget, for replaying traces fast.
 
 It keeps what the real cluster keeps, as whole units — a page over all paged layers, a window
-tail over all SWA layers — and evicts as the server's arena does: oldest first (it reclaims its
-oldest segment), except that a unit read since it was stored gets one second chance (the arena
-re-appends values read since they were written where the reclaimed segment reopens) unless its
-prefix is broken (the server keeps each value's parent and re-appends nothing below a missing
-one); and a unit whose prefix is broken goes before the oldest (a server reclaims a segment
-mostly made of such values before older ones). A lookup's
+tail over all SWA layers — and evicts by the server's own rule, ``gcache.eviction``, each unit a
+span of its own: a unit whose prefix is broken goes first (a span made of values that can no
+longer hit), else the oldest; and a unit read since it was stored gets one second chance unless
+its prefix is broken. A lookup's
 hit reads its pages and the tail at its boundary, as the engine's load of it does. It shares
 the page hashing, the window-safe rule and the store policies with ``KVStore``, so a replay here
 and a replay on a real cluster differ only in what the model leaves out: per-layer objects,
@@ -26,22 +24,25 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gcache.eviction import NEVER_WRITTEN, Candidate, choose_victim, earns_second_chance
 from gcache.kv.layout import ModelLayout
 from gcache.kv.policy import PressureGauge, StorePolicy
 from gcache.kv.window import leading, safe_boundary
 
 
 class SecondChanceBudget:
-    """Units of known size, evicted oldest first once their total passes ``budget_bytes``; a
-    unit ``read`` since it was stored (or since its last second chance) goes to the young end
-    instead, once. ``broken`` names a held unit that can no longer hit, other than the one
-    being stored: it goes first, read or not (so none of them ever gets a second chance)."""
+    """Units of known size, evicted by ``gcache.eviction``'s rule once their total passes
+    ``budget_bytes``. ``broken`` names a held unit that can no longer hit, other than the one
+    being stored (the one whose prefix broke first), and ``is_broken`` tells whether a unit can
+    no longer hit: such a unit goes first and never gets a second chance."""
 
     def __init__(self, budget_bytes: int,
                  on_change: Callable[[bytes, int], None] | None = None,
-                 broken: Callable[[bytes], bytes | None] | None = None) -> None:
+                 broken: Callable[[bytes], bytes | None] | None = None,
+                 is_broken: Callable[[bytes], bool] | None = None) -> None:
         self.budget_bytes = budget_bytes
-        self._broken = broken               # a unit that cannot hit, to evict first (not this)
+        self._broken = broken
+        self._is_broken = is_broken or (lambda unit: False)
         self.used_bytes = 0
         self.evicted = 0
         self._units: OrderedDict[bytes, int] = OrderedDict()
@@ -62,13 +63,11 @@ class SecondChanceBudget:
         if self._on_change:
             self._on_change(unit, size_bytes)
         while self.used_bytes > self.budget_bytes:
-            old = self._broken(unit) if self._broken else None
-            if old is None:
-                old = next(iter(self._units))
-                if old in self._read:
-                    self._read.discard(old)
-                    self._units.move_to_end(old)
-                    continue
+            old, reachable = self._victim(unit)
+            if earns_second_chance(read=old in self._read, reachable=reachable):
+                self._read.discard(old)
+                self._units.move_to_end(old)
+                continue
             self._read.discard(old)
             size = self._units.pop(old)
             self.used_bytes -= size
@@ -76,6 +75,25 @@ class SecondChanceBudget:
             if self._on_change:
                 self._on_change(old, -size)
         return True
+
+    def _victim(self, storing: bytes) -> tuple[bytes, bool]:
+        """The unit the rule takes, and whether it can still hit. The first broken unit (other
+        than ``storing``) and the oldest are the only candidates the rule could prefer, each a
+        span of its own, wholly unreachable or not at all."""
+        oldest = next(iter(self._units))
+        size = self._units[oldest]
+        oldest_broken = self._is_broken(oldest)
+        candidates = [Candidate(1, 0, NEVER_WRITTEN, False, size if oldest_broken else 0, size)]
+        broken = self._broken(storing) if self._broken else None
+        if broken is not None:
+            size = self._units[broken]
+            candidates.insert(0, Candidate(0, 0, NEVER_WRITTEN, False, size, size))
+        chosen = choose_victim(candidates, young_ok=True)
+        assert chosen is not None                  # no candidate is young
+        if chosen.start == 0:
+            assert broken is not None
+            return broken, False
+        return oldest, not oldest_broken
 
     def read(self, unit: bytes) -> None:
         """A held unit was read: it earns a second chance."""
@@ -136,6 +154,10 @@ class Reachability:
                 self._walk(node, -1)
             self._broken.pop(unit, None)          # gone: nothing left to evict first
 
+    def is_broken(self, unit: bytes) -> bool:
+        """Whether a held unit's prefix is broken (it cannot hit)."""
+        return unit in self._broken
+
     def broken_units(self) -> list[bytes]:
         """The held units whose prefix is broken, in the order they became so."""
         return list(self._broken)
@@ -188,7 +210,8 @@ class StoreModel:
         self._reach = Reachability(self._page_bytes) if self._has_pages else None
         self.units = SecondChanceBudget(budget_bytes,
                                         self._reach.change if self._reach else None,
-                                        self._reach.first_broken if self._reach else None)
+                                        self._reach.first_broken if self._reach else None,
+                                        self._reach.is_broken if self._reach else None)
         self._gauge = PressureGauge()
 
     @property

@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from gcache.config import MasterConfig, config_from_args, redacted
+from gcache.config import MasterConfig
+from gcache.config_loader import config_from_args, redacted
 from gcache.errors import GCacheError, MasterError
 from gcache.master.liveness import Liveness
 from gcache.master.raft import RaftGroup

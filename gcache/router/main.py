@@ -8,7 +8,8 @@ import logging
 import signal
 import sys
 
-from gcache.config import ClientConfig, config_from_args, redacted
+from gcache.config import ClientConfig
+from gcache.config_loader import config_from_args, redacted
 from gcache.errors import GCacheError
 from gcache.router.config import RouterConfig
 from gcache.router.gcache_hits import GCacheHits

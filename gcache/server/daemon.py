@@ -32,8 +32,9 @@ from gcache.server.huge_pages import huge_page_bytes
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.tier import HotTier
-from gcache.server.tier_protocol import Tier
+from gcache.server.tier_protocol import Tier, Upkeep
 from gcache.server.tiered import TieredStore
+from gcache.server.transfers import Transfers
 from gcache.transport.shm import UnixListener, host_id
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import TcpListener
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAP_CATCH_UP_ATTEMPTS = 12     # about 4 s of backoff for a lagging member to catch up
+PRESSURE_POLL_S = 0.5          # the pressure loop looks at ``stop`` at least this often
 
 
 class HelloFacts(TypedDict):
@@ -92,6 +94,7 @@ class DataServer:
             if offered is not None:
                 self._nixl, self.hello["nixl"] = offered
         self.stop = threading.Event()
+        self.transfers = Transfers(config.min_transfer_rate)
         self._lock = threading.Lock()
         self._conns: dict[StreamConnection, tuple[threading.Thread, ConnectionHandler]] = {}
         self._started_s = time.monotonic()
@@ -103,10 +106,17 @@ class DataServer:
         self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
-        loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None)),
-                 ("gcache-reaper", self._reap_loop),
-                 ("gcache-unreachable", self._sweep_loop)]
+        """Take connections from now on (the arena and NIXL are ready: before this a client's
+        connection is refused, a fast miss it retries) and start the background loops."""
+        self.listener.listen()
+        loops = [("gcache-accept-tcp", lambda: self._accept_loop(self.listener, None))]
+        if isinstance(self.tier, Upkeep):
+            upkeep = self.tier
+            loops += [("gcache-reaper", lambda: self._reap_loop(upkeep)),
+                      ("gcache-unreachable", lambda: self._sweep_loop(upkeep)),
+                      ("gcache-pressure", lambda: self._pressure_loop(upkeep))]
         if (unix := self.unix_listener) is not None:
+            unix.listen()
             loops.append(("gcache-accept-unix",
                           lambda: self._accept_loop(unix, self.tier.arena.fd)))
         for name, target in loops:
@@ -203,7 +213,8 @@ class DataServer:
             handler = ConnectionHandler(conn, self.tier, self.config,
                                         stat_extra=self._stat_extra,
                                         is_stopping=self.stop.is_set, hello=self.hello,
-                                        arena_fd=arena_fd, mutable=self.mutable)
+                                        arena_fd=arena_fd, mutable=self.mutable,
+                                        transfers=self.transfers)
             with self._lock:
                 waiting = [(h.opened_s, c) for c, (_, h) in self._conns.items()
                            if not h.authenticated]
@@ -229,21 +240,27 @@ class DataServer:
             with self._lock:
                 self._conns.pop(conn, None)
 
-    def _reap_loop(self) -> None:
+    def _reap_loop(self, tier: Upkeep) -> None:
         period_s = max(0.01, self.config.lease_ttl_s / 4)
         while not self.stop.wait(period_s * random.uniform(0.8, 1.2)):
-            expired = self.tier.reap_expired()
+            expired = tier.reap_expired()
             if expired:
                 log.warning("lease.expired count=%d", expired)
 
-    def _sweep_loop(self) -> None:
+    def _pressure_loop(self, tier: Upkeep) -> None:
+        """While a claim waits for held room, cut off the transfers that lag (``transfers``)."""
+        while not self.stop.is_set():
+            if tier.wait_pressed(PRESSURE_POLL_S):
+                self.transfers.cut_laggards()
+
+    def _sweep_loop(self, tier: Upkeep) -> None:
         # A sweep reads every record that has a parent: at most one twentieth of a core, however
         # many there are (a sweep that took 1 s waits 20 s before the next).
         wait_s = self.config.unreachable_sweep_s
         while not self.stop.wait(wait_s * random.uniform(0.8, 1.2)):
             started_s = time.monotonic()
             try:
-                self.tier.sweep_unreachable()
+                tier.sweep_unreachable()
             except Exception:             # the thread's top level: log, keep counting
                 log.exception("unreachable.sweep_failed")
             wait_s = max(self.config.unreachable_sweep_s, 20 * (time.monotonic() - started_s))
@@ -255,8 +272,9 @@ class DataServer:
             "server": {"address": self.address, "connections": connections,
                        "uptime_s": round(time.monotonic() - self._started_s, 3),
                        "io_size": self.config.io_size,
-                       "max_value_size": self.config.max_value_size}}
-        tiers = self.tier.tier_stats()
+                       "max_value_size": self.config.max_value_size,
+                       "transfers_cut_off": self.transfers.cut_off}}
+        tiers = self.tier.tier_stats() if isinstance(self.tier, Upkeep) else None
         if tiers is not None:
             extra["tiers"] = tiers
         return extra

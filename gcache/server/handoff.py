@@ -30,7 +30,7 @@ from gcache.frame import (
 from gcache.master_client import MasterClient, backoff_s
 from gcache.placement import PlacedMap, Placement
 from gcache.server.mutable_keys import MutableKeys
-from gcache.server.tier_protocol import Tier
+from gcache.server.tier_protocol import Listing, Tier
 from gcache.transport.handshake import handshake
 from gcache.transport.stream import StreamConnection
 from gcache.transport.tcp import connect
@@ -54,6 +54,8 @@ class Handoff(threading.Thread):
         try:
             placed = PlacedMap.of_map(self.link.cluster_map(), Placement(),
                                       without=self.server_id)
+            if not isinstance(self.tier, Listing):
+                raise GCacheError("this tier cannot list its keys: nothing to hand off")
             keys = self.tier.keys_with_groups()
             log.info("handoff.start id=%s keys=%d servers=%d", self.server_id, len(keys),
                      len(placed.address_of))
@@ -95,7 +97,7 @@ class Handoff(threading.Thread):
             # Gone since the snapshot: nothing to move. Still on disk (its read failed): a
             # failure, so the server does not leave without it.
             return not self.tier.exists(key)
-        handle, entry, view = leased
+        entry, view = leased.entry, leased.view()
         try:
             conn = self._conn(address)
             # put as it was put here: a key put as mutable (or pinned) stays so on its new owner;
@@ -120,7 +122,7 @@ class Handoff(threading.Thread):
             return False
         finally:
             view.release()
-            self.tier.release(handle)
+            leased.release()
 
     def _conn(self, address: str) -> StreamConnection:
         if address not in self._conns:

@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 
-from gcache.config import ServerConfig, config_from_args, redacted
+from gcache.config import ServerConfig
+from gcache.config_loader import config_from_args, redacted
 from gcache.errors import GCacheError
 from gcache.server.daemon import DataServer
 
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds one IO may stall before the connection is dropped")
     parser.add_argument("--min-transfer-rate", dest="min_transfer_rate",
                         help="bytes/s a payload must arrive at after one IO timeout, e.g. 1MiB")
+    parser.add_argument("--max-held-share", dest="max_held_share",
+                        help="most of the hot tier one connection may hold in leases, writes "
+                        "and payloads in flight, 0 to 1 (default 0.5)")
     parser.add_argument("--max-connections", dest="max_connections",
                         help="concurrent authenticated connections")
     parser.add_argument("--max-unauthenticated", dest="max_unauthenticated",

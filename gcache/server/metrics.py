@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from gcache.frame import Op
 from gcache.metrics_http import serve_metrics_http
+from gcache.server.tier_protocol import Upkeep
 
 if TYPE_CHECKING:
     from gcache.server.daemon import DataServer
@@ -65,7 +66,8 @@ class TierCollector(Collector):
             yield CounterMetricFamily(name, f"hot tier {key}", value=stats[key])
         for key, name in _GAUGES.items():
             yield GaugeMetricFamily(name, f"hot tier {key}", value=stats[key])
-        tiers = self._server.tier.tier_stats()
+        tier = self._server.tier
+        tiers = tier.tier_stats() if isinstance(tier, Upkeep) else None
         if tiers is not None:
             yield from _per_tier(tiers)
 

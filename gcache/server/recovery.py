@@ -1,18 +1,27 @@
-"""Rebuilding the hot tier's index from an arena left by a previous server process.
+"""Rebuilding the hot tier's index from an arena left by a previous server process, of this
+release or an earlier one.
 
-A restarted ``gcache-server`` with the same ``--shm-name`` and size finds its arena intact in
-/dev/shm. This module walks it span by span (``SEGMENT`` headers) and record by record, and
-points the tier's ``RecordTable`` at what it keeps:
+A restarted ``gcache-server`` with the same ``--shm-name`` and size finds its arena intact. This
+module walks it span by span (span headers) and record by record, and points the index at:
 - COMMITTED records whose value still hashes to its checksum (anything else is dropped and
   counted; a flipped byte costs one value, never a wrong one);
 - for each key only its newest record by sequence number; a newer TOMBSTONE deletes it, and a
-  SUPERSEDED record (an older version, flipped when its key was written again) is never taken.
-PENDING records (writes cut off by the crash) are skipped, so a write that was not committed is
-never visible. A record whose header does not pass its check (a flipped byte in a key, a length,
-a sequence number) is dropped and counted, and the walk resumes at the next aligned position that
-holds a valid record newer than the span's claim: one bad header costs one value, not the rest of
-its span. Records older than the claim are leftovers of the span's previous use and are never
-taken, so the end of a span's records is simply where no newer valid record follows.
+  SUPERSEDED record is never taken. A committed record that loses to a newer one is marked
+  SUPERSEDED on the way, so at most one record per key reads as current afterwards.
+PENDING records (writes cut off by the crash) are skipped. A record whose header fails its check
+is dropped and counted, and the walk resumes at the next aligned position holding a valid record
+newer than the span's claim: one bad header costs one value, not the rest of its span. Records
+older than the claim are leftovers of the span's previous use, so the end of a span's records is
+where no newer valid record follows.
+
+Upgrades keep the hot tier (``record``'s versions). Version 3 records read as they are (their
+layout is today's); the SUPERSEDED ones are restamped so their state is covered by their check.
+A format 2 span (``GSEG`` header, ``GOB2`` records: a shorter header, no check, no secret) is
+migrated in place: its committed values, each verified against its checksum, and its tombstones
+are rewritten in today's format at the start of the same span with their own sequence numbers;
+a value that no longer fits (today's header is larger) is dropped and counted. Only an arena
+without a key file is format 2: where one exists, a later server has used the arena, and format
+2 spans left in it are stale (their values may have been replaced or deleted since).
 """
 
 from __future__ import annotations
@@ -21,26 +30,11 @@ import logging
 from array import array
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from gcache.keys import checksum
-from gcache.server.arena import (
-    ALIGN,
-    RECORD,
-    RECORD_MAGIC,
-    SEGMENT_HEADER_BYTES,
-    STATE_COMMITTED,
-    STATE_PENDING,
-    STATE_SUPERSEDED,
-    STATE_TOMBSTONE,
-    Arena,
-    header_check,
-    parent_len,
-    read_segment_header,
-    record_size,
-    value_offset,
-)
-from gcache.server.record_table import RecordTable
+from gcache.record_layout import SPAN_HEADER_BYTES, record_size, value_offset
+from gcache.server import record
+from gcache.server.arena import Arena, read_span_header, read_span_header_v2, write_span_header
+from gcache.server.index import Index
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +44,16 @@ class Recovered:
     spans: list[tuple[int, int, int, int, array[int]]] = field(default_factory=list)
     max_seq: int = 0
     objects: int = 0
-    value_bytes: int = 0
     dropped_corrupt: int = 0
     dropped_pending: int = 0
     dropped_headers: int = 0        # records whose header failed its check
-    pinned: list[int] = field(default_factory=list)   # current pinned records (``PINNED_BIT``)
+    pinned: list[int] = field(default_factory=list)   # current kept records (``PINNED_BIT``)
     parents: bool = False           # a committed record names a parent (``FLAG_PARENT``)
+    migrated: int = 0               # records of an earlier format rewritten or restamped
 
 
-def scan(arena: Arena, table: RecordTable) -> Recovered:
-    """Read every span of ``arena`` and point ``table`` at each key's newest committed record.
+def scan(arena: Arena, index: Index) -> Recovered:
+    """Read every span of ``arena`` and point ``index`` at each key's newest committed record.
 
     A tombstone takes its key's slot like a value while the walk goes on (a value found later
     in the walk but older than the delete must not win) and is taken out at the end; nothing
@@ -67,126 +61,132 @@ def scan(arena: Arena, table: RecordTable) -> Recovered:
     """
     out = Recovered()
     tombstones: list[int] = []
-    index, count, size = 0, len(arena.segments), arena.segment_size
-    while index < count:
-        header = read_segment_header(arena.view, index * size, arena.secret)
-        if header is None or not 1 <= header[0] <= count - index:
-            index += 1
+    at, count, size = 0, len(arena.segments), arena.segment_size
+    while at < count:
+        header = read_span_header(arena.view, at * size, arena.secret)
+        if header is None and not arena.had_secret:
+            legacy = read_span_header_v2(arena.view, at * size)
+            if legacy is not None and 1 <= legacy[0] <= count - at:
+                header = _migrate_v2(arena, at, *legacy, out)
+        if header is None or not 1 <= header[0] <= count - at:
+            at += 1
             continue
         span, claim_seq, age = header
         out.max_seq = max(out.max_seq, claim_seq)
-        fill, hashes = _walk(arena, index, span, claim_seq, table, tombstones, out)
-        out.spans.append((index, span, age, fill, hashes))
-        index += span
-    for record in tombstones:
-        key = arena.read_record(record).key
-        if table.get(key) == record:
-            table.remove(key)
-    out.pinned = [record for record in out.pinned
-                  if table.get(arena.read_record(record).key) == record]
-    out.objects = len(table)
-    out.value_bytes = arena.sum_lengths(table.records())
+        fill, hashes = _walk(arena, at, span, claim_seq, index, tombstones, out)
+        out.spans.append((at, span, age, fill, hashes))
+        at += span
+    view = arena.view
+    for offset in tombstones:
+        key = record.key_of(view, offset)
+        if index.get(key) == offset:
+            index.table.remove(key)
+    out.pinned = [o for o in out.pinned if index.get(record.key_of(view, o)) == o]
+    out.objects = len(index)
+    index.value_bytes = record.sum_lengths(view, index.records())
     return out
 
 
-def _walk(arena: Arena, head: int, span: int, claim_seq: int, table: RecordTable,
+def _walk(arena: Arena, head: int, span: int, claim_seq: int, index: Index,
           tombstones: list[int], out: Recovered) -> tuple[int, array[int]]:
-    """Records of one span, newest-per-key into ``table``; returns the span's fill and the
+    """Records of one span, newest-per-key into ``index``; returns the span's fill and the
     hashes of the keys committed in it."""
-    view, start = arena.view, head * arena.segment_size
+    view, secret, start = arena.view, arena.secret, head * arena.segment_size
     limit, hashes = start + span * arena.segment_size, array("Q")
-    pos = fill = start + SEGMENT_HEADER_BYTES
-    while pos + RECORD.size <= limit:
-        record = _read_header(view, pos, limit, claim_seq, arena.secret)
-        if record is None:
-            found = _next_record(view, pos + ALIGN, limit, claim_seq, arena.secret)
-            if found is not None or _looks_like_ours(view, pos, claim_seq):
+    pos = fill = start + SPAN_HEADER_BYTES
+    while pos + record.RECORD.size <= limit:
+        parsed = record.parse(view, pos, limit, claim_seq, secret)
+        if parsed is None:
+            found = record.next_valid(view, pos + 64, limit, claim_seq, secret)
+            if found is not None or record.looks_like_ours(view, pos, claim_seq):
                 out.dropped_headers += 1          # not the end of the span: a damaged header
                 log.error("recovery.bad_header offset=%d", pos)
             if found is None:
                 break
             pos = found
             continue
-        state, key, names_len, length, stored, seq, end = record
-        out.max_seq = max(out.max_seq, seq)
-        if state == STATE_COMMITTED:
-            value = value_offset(pos, names_len)
-            if checksum(view[value:value + length]) == stored:
-                hash_ = table.hash(key)
+        out.max_seq = max(out.max_seq, parsed.seq)
+        if parsed.magic != record.RECORD_MAGIC and parsed.state == record.STATE_SUPERSEDED:
+            record.restamp(view, pos, secret, parsed)
+            out.migrated += 1
+        if parsed.state == record.STATE_COMMITTED:
+            value = value_offset(pos, parsed.names_len)
+            if checksum(view[value:value + parsed.length]) == parsed.checksum:
+                hash_ = index.hash(parsed.key)
                 hashes.append(hash_)
-                _keep(arena, table, key, hash_, pos, seq)
-                out.parents = out.parents or names_len > len(key)
-                if arena.is_pinned(pos):
+                _keep(arena, index, parsed.key, hash_, pos, parsed.seq)
+                out.parents = out.parents or parsed.names_len > len(parsed.key)
+                if record.is_pinned(view, pos):
                     out.pinned.append(pos)        # current or not: told at the end
             else:
                 out.dropped_corrupt += 1
-                log.error("recovery.checksum_mismatch bytes=%d offset=%d", length, value)
-        elif state == STATE_TOMBSTONE:
-            if _keep(arena, table, key, table.hash(key), pos, seq):
+                log.error("recovery.checksum_mismatch bytes=%d offset=%d", parsed.length, value)
+        elif parsed.state == record.STATE_TOMBSTONE:
+            if _keep(arena, index, parsed.key, index.hash(parsed.key), pos, parsed.seq):
                 tombstones.append(pos)
-        elif state == STATE_PENDING:
+        elif parsed.state == record.STATE_PENDING:
             out.dropped_pending += 1
-        pos = fill = end
+        pos = fill = parsed.end
     return fill - start, hashes
 
 
-# The states a record's check may have been computed for, by the state it is in: a PENDING
-# record may carry either (COMMIT writes the committed check before it flips the state), a
-# SUPERSEDED one was flipped from COMMITTED.
-_CHECKED_AS = {STATE_PENDING: (STATE_PENDING, STATE_COMMITTED),
-               STATE_COMMITTED: (STATE_COMMITTED,), STATE_TOMBSTONE: (STATE_TOMBSTONE,),
-               STATE_SUPERSEDED: (STATE_COMMITTED,)}
+def _keep(arena: Arena, index: Index, key: bytes, hash_: int, offset: int, seq: int) -> bool:
+    """Point ``key`` at ``offset`` unless a newer record of it was found already (one probe
+    when the key is new, as most are); the committed record that loses is superseded."""
+    view = arena.view
+    known = index.table.put(key, offset, hash_)
+    if known < 0:
+        return True
+    loser = offset if record.seq_of(view, known) >= seq else known
+    if loser == offset:
+        index.table.put(key, known, hash_)
+    if record.read(view, loser).state == record.STATE_COMMITTED:
+        record.supersede(view, loser, arena.secret)
+    return loser != offset
 
 
-def _read_header(view: memoryview, pos: int, limit: int, claim_seq: int,
-                 secret: bytes) -> tuple[int, bytes, int, int, int, int, int] | None:
-    """(state, key, key and parent bytes, length, checksum, seq, end) of a valid record at
-    ``pos`` newer than the span's claim, or None. A PENDING record may carry the check of
-    either state: COMMIT writes the committed check before it flips the state."""
-    magic, state, read, key_len, length, stored, seq, group, check = RECORD.unpack_from(view,
-                                                                                       pos)
-    names_len = key_len + parent_len(read)
-    end = pos + record_size(names_len, length)
-    if magic != RECORD_MAGIC or seq <= claim_seq or key_len == 0 or end > limit:
-        return None
-    states = _CHECKED_AS.get(state)
-    if states is None:
-        return None
-    start = pos + RECORD.size
-    key, parent = bytes(view[start:start + key_len]), view[start + key_len:start + names_len]
-    for checked_as in states:
-        if header_check(secret, checked_as, key, length, stored, seq, group, parent) == check:
-            return state, key, names_len, length, stored, seq, end
-    return None
-
-
-def _looks_like_ours(view: memoryview, pos: int, claim_seq: int) -> bool:
-    """A header that was written in this span's life (rather than a leftover or the end)."""
-    magic, *_, seq, _group, _check = RECORD.unpack_from(view, pos)
-    ours: bool = magic == RECORD_MAGIC and seq > claim_seq
-    return ours
-
-
-def _next_record(view: memoryview, pos: int, limit: int, claim_seq: int,
-                 secret: bytes) -> int | None:
-    """The next aligned offset from ``pos`` holding a valid record newer than the claim."""
-    if pos + RECORD.size > limit:
-        return None
-    words = np.frombuffer(view, dtype="<u4", count=(limit - pos) // 4, offset=pos)
-    for step in np.flatnonzero(words[::ALIGN // 4] == RECORD_MAGIC):
-        candidate = pos + int(step) * ALIGN
-        if candidate + RECORD.size <= limit and \
-                _read_header(view, candidate, limit, claim_seq, secret) is not None:
-            return candidate
-    return None
-
-
-def _keep(arena: Arena, table: RecordTable, key: bytes, hash_: int, record: int,
-          seq: int) -> bool:
-    """Point ``key`` at ``record`` unless a newer record of it was found already (one probe
-    when the key is new, as most are)."""
-    known = table.put(key, record, hash_)
-    if known >= 0 and arena.record_seq(known) >= seq:
-        table.put(key, known, hash_)
-        return False
-    return True
+def _migrate_v2(arena: Arena, at: int, span: int, claim_seq: int, age: int,
+                out: Recovered) -> tuple[int, int, int]:
+    """Rewrite a format 2 span in today's format, in place (see the module docstring); returns
+    its new header (segments, claim seq, age)."""
+    view, size = arena.view, arena.segment_size
+    start, limit = at * size, (at + span) * size
+    kept: list[tuple[record.Parsed, int, bytes]] = []
+    pos = start + SPAN_HEADER_BYTES
+    while pos + record.RECORD_V2.size <= limit:
+        parsed = record.parse_v2(view, pos, limit, claim_seq)
+        if parsed is None:
+            break
+        if parsed.state == record.STATE_COMMITTED:
+            value = record.value_v2(pos, parsed.names_len)
+            data = bytes(view[value:value + parsed.length])
+            if checksum(data) == parsed.checksum:
+                kept.append((parsed, record.group_v2(view, pos), data))
+            else:
+                out.dropped_corrupt += 1
+        elif parsed.state == record.STATE_TOMBSTONE:
+            kept.append((parsed, 0, b""))
+        else:
+            out.dropped_pending += 1
+        pos = parsed.end
+    # Today's records must be newer than the claim; format 2 claims shared the first record's
+    # sequence number.
+    claim_seq = max(0, min([p.seq for p, _, _ in kept], default=claim_seq + 1) - 1)
+    write_span_header(view, start, arena.secret, span=span, claim_seq=claim_seq, age=age)
+    pos = start + SPAN_HEADER_BYTES
+    for parsed, group, data in kept:
+        end = pos + record_size(len(parsed.key), len(data))
+        if end > limit:
+            out.dropped_corrupt += 1
+            log.warning("recovery.migration_dropped bytes=%d: no room left in its span",
+                        len(data))
+            continue
+        value = value_offset(pos, len(parsed.key))
+        view[value:value + len(data)] = data
+        record.write(view, pos, arena.secret, state=parsed.state, key=parsed.key,
+                     length=len(data), checksum=parsed.checksum, seq=parsed.seq, group=group)
+        out.migrated += 1
+        pos = end
+    if pos + record.RECORD.size <= limit:
+        view[pos:pos + record.RECORD.size] = bytes(record.RECORD.size)   # the walk ends here
+    return span, claim_seq, age

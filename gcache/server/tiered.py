@@ -23,13 +23,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from gcache.errors import ChecksumMismatch
 from gcache.keys import Hasher, checksum
 from gcache.server.cold_index import ColdEntry
 from gcache.server.cold_store import ColdStore
-from gcache.server.tier import ALLOC_WAIT_S, Copied, Entry, HotTier, Stored
+from gcache.server.reclaim import ALLOC_WAIT_S
+from gcache.server.tier import HotTier
+from gcache.server.tier_protocol import Copied, Entry, Fill, Lease, Stored, Write
 
 log = logging.getLogger(__name__)
 
@@ -53,41 +55,32 @@ class TieredStore:
         self.cold_misses = 0
         self.cold_checksum_failures = 0
         self.dropped_objects = 0                 # could not be demoted (disk full, corrupt)
-        hot.on_commit = self._drop_cold          # an older disk copy must never come back
         self.demoter = Demoter(self, headroom_segments)
         self.demoter.start()
 
     # ---- the hot tier's interface -------------------------------------------------------------
-    # Writes and leases live in memory only: these go to the hot tier unchanged.
+    # Writes and leases live in memory only: these go to the hot tier, and a committed write
+    # drops the key's disk copy (an older value must never come back from disk).
 
     def alloc(self, key: bytes, length: int, *, expires: bool = True,
               wait_s: float = ALLOC_WAIT_S, group: int = 0,
-              pinned: bool = False, parent: bytes = b"") -> tuple[int, int, memoryview]:
-        return self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group,
-                              pinned=pinned, parent=parent)
-
-    def write_target(self, handle: int, offset: int,
-                     n_bytes: int) -> tuple[memoryview, Hasher | None]:
-        return self.hot.write_target(handle, offset, n_bytes)
-
-    def write_done(self, handle: int) -> bool:
-        return self.hot.write_done(handle)
-
-    def commit(self, handle: int, expected: int, *, if_absent: bool = False,
-               unless: Callable[[], bool] | None = None) -> bool:
-        return self.hot.commit(handle, expected, if_absent=if_absent, unless=unless)
+              pinned: bool = False, parent: bytes = b"") -> Write:
+        write = self.hot.alloc(key, length, expires=expires, wait_s=wait_s, group=group,
+                               pinned=pinned, parent=parent)
+        return _DiskCopyDropping(write, self)
 
     def put_many(self, values: Sequence[tuple[bytes, memoryview, int]], *,
                  group: int = 0, pinned: bool = False,
                  parents: Sequence[bytes] | None = None) -> list[Stored]:
-        return self.hot.put_many(values, group=group, pinned=pinned, parents=parents)
+        stored = self.hot.put_many(values, group=group, pinned=pinned, parents=parents)
+        for (key, _, _), outcome in zip(values, stored, strict=True):
+            if outcome is Stored.OK:
+                self._drop_cold(key)
+        return stored
 
     def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
         """Pinned values never leave memory: the hot tier's list is the whole list."""
         return self.hot.pinned_keys(prefix, after=after, limit=limit)
-
-    def abort(self, handle: int) -> None:
-        self.hot.abort(handle)
 
     def read_many(self, keys: Sequence[bytes], *,
                   budget_bytes: int) -> tuple[list[Copied | None], list[int]]:
@@ -95,22 +88,16 @@ class TieredStore:
         it from disk when it is there."""
         return self.hot.read_many(keys, budget_bytes=budget_bytes, absent_left=True)
 
-    def leased(self, handle: int) -> Entry:
-        return self.hot.leased(handle)
-
-    def read_view(self, entry: Entry, offset: int, length: int) -> memoryview:
-        return self.hot.read_view(entry, offset, length)
-
-    def release(self, handle: int) -> bool:
-        return self.hot.release(handle)
-
     def reap_expired(self, now_s: float | None = None) -> int:
         return self.hot.reap_expired(now_s)
+
+    def wait_pressed(self, timeout_s: float) -> bool:
+        return self.hot.wait_pressed(timeout_s)
 
     def stats(self) -> dict[str, int]:
         return self.hot.stats()
 
-    def lease(self, key: bytes, *, expires: bool = True) -> tuple[int, Entry, memoryview] | None:
+    def lease(self, key: bytes, *, expires: bool = True) -> Lease | None:
         """The hot tier's lease, promoting from disk on a memory miss. None: in neither tier.
         Raises NoSpace when the value is on disk but memory has no room for it right now (its
         own reader's other leases may be what pins it): the reader is told to ask again, not
@@ -214,15 +201,13 @@ class TieredStore:
         if entry is None:
             self.cold_misses += 1
             return False
-        handle, _, target = self.hot.alloc(key, entry.length, expires=False,
-                                           wait_s=PROMOTE_WAIT_S, group=entry.group,
-                                           parent=entry.parent)
-        target.release()
+        write = self.hot.alloc(key, entry.length, expires=False, wait_s=PROMOTE_WAIT_S,
+                               group=entry.group, parent=entry.parent)
         try:
-            if not self._read_hashing(entry, handle):
-                self.hot.abort(handle)
+            if not self._read_hashing(entry, write):
+                write.abort()
                 return False
-            promoted = self.hot.commit(handle, entry.checksum, if_absent=True,
+            promoted = self.hot.commit(write.handle, entry.checksum, if_absent=True,
                                        unless=lambda: self._was_deleted(key))
         except ChecksumMismatch as exc:
             self.cold_checksum_failures += 1
@@ -231,25 +216,25 @@ class TieredStore:
             return False
         self.cold_hits += 1
         if promoted:
-            self.hot.note_promoted()
+            with self.hot.space:
+                self.hot.counters.promoted_objects += 1
         return True
 
-    def _read_hashing(self, entry: ColdEntry, handle: int) -> bool:
+    def _read_hashing(self, entry: ColdEntry, write: Write) -> bool:
         """Read a value from disk into its pending extent in chunks, hashing each chunk while
         it is still in the CPU cache, so COMMIT finds the checksum done (one pass over memory,
         not two)."""
         chunk = self.cold.read_chunk_bytes
+        read = [True]
+
+        def fill(view: memoryview, hasher: Hasher | None) -> None:
+            read[0] = self.cold.read_into(entry, view, offset=offset)
+            if read[0] and hasher is not None:
+                hasher.update(view)
         for offset in range(0, entry.length, chunk):
-            n = min(chunk, entry.length - offset)
-            view, hasher = self.hot.write_target(handle, offset, n)
-            try:
-                if not self.cold.read_into(entry, view, offset=offset):
-                    return False
-                if hasher is not None:
-                    hasher.update(view)
-            finally:
-                view.release()
-                self.hot.write_done(handle)
+            write.receive(offset, min(chunk, entry.length - offset), fill)
+            if not read[0]:
+                return False
         return True
 
     # ---- disk copies ---------------------------------------------------------------------------
@@ -329,9 +314,10 @@ class Demoter(threading.Thread):
                 head, live = claim
                 demoted = 0
                 try:
-                    demoted = self.store.demote(hot.keep_read(live, self.store.on_disk))
+                    demoted = self.store.demote(hot.reclaim.keep_read(live,
+                                                                      self.store.on_disk))
                 finally:
-                    hot.settle(head, demoted=demoted)
+                    hot.reclaim.settle(head, demoted=demoted)
             except Exception:      # the thread's top level: log, keep serving
                 log.exception("demoter.failed")
                 self._halt.wait(0.5)
@@ -341,3 +327,22 @@ class Demoter(threading.Thread):
         with self.store.hot.space:
             self.store.hot.space.notify_all()
         self.join(timeout=5)
+
+
+class _DiskCopyDropping:
+    """A hot-tier write that, once committed, drops the key's disk copy."""
+
+    def __init__(self, write: Write, store: TieredStore) -> None:
+        self._write, self._store = write, store
+        self.handle, self.entry = write.handle, write.entry
+
+    def receive(self, offset: int, n_bytes: int, fill: Fill) -> bool:
+        return self._write.receive(offset, n_bytes, fill)
+
+    def commit(self, expected: int) -> bool:
+        committed = self._write.commit(expected)
+        self._store._drop_cold(self.entry.key)
+        return committed
+
+    def abort(self) -> None:
+        self._write.abort()

@@ -65,7 +65,8 @@ def _is_served(path: str) -> bool:
 
 
 class UnixListener:
-    """A listening Unix socket at ``path`` (mode 0600) that hands out StreamConnections."""
+    """A Unix socket at ``path`` (mode 0600), bound at once and taking connections only from
+    ``listen`` on (before, a connection is refused), that hands out StreamConnections."""
 
     def __init__(self, path: str, *, io_size: int) -> None:
         self.path = path
@@ -85,7 +86,10 @@ class UnixListener:
         except OSError as exc:
             self._sock.close()
             raise ConnectFailed(f"cannot listen on unix socket {path}: {exc}") from exc
-        self._sock.listen(512)
+
+    def listen(self, backlog: int = 512) -> None:
+        """Start taking connections."""
+        self._sock.listen(backlog)
 
     def accept(self, *, timeout_s: float) -> StreamConnection | None:
         accepted = accept_socket(self._sock, timeout_s=timeout_s, name=self.path)

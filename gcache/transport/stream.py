@@ -17,7 +17,8 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import TracebackType
 
 from gcache.errors import ConnectionLost, IOTimeout
 from gcache.keys import Hasher
@@ -47,6 +48,7 @@ class StreamConnection:
         "_timeout_s",
         "io_size",
         "peer",
+        "received",
     )
 
     def __init__(self, sock: socket.socket, peer: str, *, io_size: int) -> None:
@@ -58,6 +60,7 @@ class StreamConnection:
         self._rbuf = bytearray(READ_AHEAD)
         self._rview = memoryview(self._rbuf)
         self._rpos = self._rend = 0
+        self.received = 0          # bytes taken off the socket so far (a transfer's progress)
 
     def __repr__(self) -> str:
         return f"StreamConnection(peer={self.peer!r}, closed={self._closed})"
@@ -81,7 +84,7 @@ class StreamConnection:
         self._set_timeout(timeout_s)
         batch: list[memoryview] = []
         batch_len = 0
-        try:
+        with self._socket_errors("send to", timeout_s):
             for frame in frames:
                 view = memoryview(frame)
                 for start in range(0, len(view), self.io_size):
@@ -93,10 +96,13 @@ class StreamConnection:
                     batch_len += len(piece)
             if batch:
                 self._sendmsg_all(batch, timeout_s, deadline_s)
-        except (TimeoutError, BlockingIOError) as exc:
-            raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
+
+    def _socket_errors(self, action: str, timeout_s: float | None,
+                       progress: Callable[[], str] = str) -> _SocketBoundary:
+        """The socket boundary, as a context: a timeout becomes IOTimeout, any other OSError
+        ConnectionLost, each naming the peer and the action (``progress()`` adds how far it
+        got)."""
+        return _SocketBoundary(self.peer, action, timeout_s, progress)
 
     def _before_deadline(self, deadline_s: float, timeout_s: float | None, done: str) -> None:
         """Raise IOTimeout once ``deadline_s`` has passed; else make a blocked IO wake near it."""
@@ -131,7 +137,7 @@ class StreamConnection:
         """
         self._set_timeout(timeout_s)
         got, total = 0, len(buf)
-        try:
+        with self._socket_errors("recv from", timeout_s, lambda: f" ({got} of {total} bytes)"):
             while got < total:
                 if deadline_s is not None:
                     self._before_deadline(deadline_s, timeout_s, f"{got} of {total} bytes came")
@@ -139,29 +145,37 @@ class StreamConnection:
                     n = min(total - got, self._rend - self._rpos)
                     buf[got:got + n] = self._rview[self._rpos:self._rpos + n]
                     self._rpos += n
-                elif total - got >= _DIRECT_MIN:          # large: straight into the destination
-                    n = self._sock.recv_into(buf[got:got + self.io_size])
-                    if n == 0:
-                        raise ConnectionLost(f"{self.peer} closed the connection after {got} of "
-                                             f"{total} bytes")
-                else:                                     # small: one recv, maybe more than asked
-                    filled = self._sock.recv_into(self._rview)
+                else:
+                    # large: straight into the destination; small: one recv into the read-ahead
+                    # buffer, maybe more than asked
+                    direct = total - got >= _DIRECT_MIN
+                    filled = self._recv_some(buf[got:got + self.io_size] if direct
+                                             else self._rview, idle=idle_ok and got == 0)
+                    if filled < 0:
+                        return False
                     if filled == 0:
                         raise ConnectionLost(f"{self.peer} closed the connection after {got} of "
                                              f"{total} bytes")
-                    self._rpos, self._rend = 0, filled
-                    continue
+                    if not direct:
+                        self._rpos, self._rend = 0, filled
+                        continue
+                    n = filled
                 if hasher is not None:
                     hasher.update(buf[got:got + n])
                 got += n
-            return True
-        except (TimeoutError, BlockingIOError) as exc:
-            if got == 0 and idle_ok:
-                return False
-            raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({got} of {total} "
-                            "bytes)") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
+        return True
+
+    def _recv_some(self, dest: memoryview, *, idle: bool = False) -> int:
+        """One ``recv`` into ``dest``: bytes received, 0 when the peer closed, -1 when ``idle``
+        and nothing came within the timeout (an idle peer, not a stall)."""
+        try:
+            n = self._sock.recv_into(dest)
+        except (TimeoutError, BlockingIOError):
+            if idle:
+                return -1
+            raise
+        self.received += n
+        return n
 
     def read_ahead(self, n_bytes: int, *, timeout_s: float | None, deadline_s: float) -> None:
         """Return once the next ``min(n_bytes, READ_AHEAD)`` bytes have arrived, holding them
@@ -176,7 +190,8 @@ class StreamConnection:
             self._rbuf[:held] = self._rbuf[self._rpos:self._rend]
             self._rpos, self._rend = 0, held
         self._set_timeout(timeout_s)
-        try:
+        with self._socket_errors("recv from", timeout_s,
+                                 lambda: f" ({self._rend} of the first {want} bytes)"):
             while self._rend < want:
                 self._before_deadline(deadline_s, timeout_s,
                                       f"{self._rend} of the first {want} bytes came")
@@ -185,12 +200,8 @@ class StreamConnection:
                 if n == 0:
                     raise ConnectionLost(f"{self.peer} closed the connection after "
                                          f"{self._rend} of {n_bytes} bytes")
+                self.received += n
                 self._rend += n
-        except (TimeoutError, BlockingIOError) as exc:
-            raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s ({self._rend} of the "
-                            f"first {want} bytes)") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
 
     def recv_exact(self, n_bytes: int, *, timeout_s: float | None,
                    deadline_s: float | None = None) -> bytearray:
@@ -257,26 +268,18 @@ class StreamConnection:
         """Send small ``frames`` with file descriptors attached (SCM_RIGHTS, Unix sockets)."""
         self._set_timeout(timeout_s)
         data = b"".join(frames)
-        try:
+        with self._socket_errors("send to", timeout_s):
             sent = socket.send_fds(self._sock, [data], list(fds))
             if sent < len(data):
                 self._sock.sendall(memoryview(data)[sent:])
-        except (TimeoutError, BlockingIOError) as exc:
-            raise IOTimeout(f"send to {self.peer} exceeded {timeout_s}s") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"send to {self.peer} failed: {exc}") from exc
 
     def recv_fds(self, n_bytes: int, *, timeout_s: float | None) -> tuple[bytearray, list[int]]:
         """Receive exactly ``n_bytes`` and the descriptors sent with the first of them."""
         if self._rpos < self._rend:
             raise ConnectionLost(f"{self.peer}: descriptors expected at a frame boundary")
         self._set_timeout(timeout_s)
-        try:
+        with self._socket_errors("recv from", timeout_s):
             data, fds, _flags, _addr = socket.recv_fds(self._sock, n_bytes, 4)
-        except (TimeoutError, BlockingIOError) as exc:
-            raise IOTimeout(f"recv from {self.peer} exceeded {timeout_s}s") from exc
-        except OSError as exc:
-            raise ConnectionLost(f"recv from {self.peer} failed: {exc}") from exc
         if not data:
             for fd in fds:
                 close_fd(fd)
@@ -287,6 +290,28 @@ class StreamConnection:
             self.recv_into(memoryview(rest), timeout_s=timeout_s)
             buf += rest
         return buf, fds
+
+
+class _SocketBoundary:
+    """``StreamConnection._socket_errors``: a plain class, not a generator context, because it
+    wraps every frame's IO (a generator's set-up costs several times as much)."""
+
+    __slots__ = ("action", "peer", "progress", "timeout_s")
+
+    def __init__(self, peer: str, action: str, timeout_s: float | None,
+                 progress: Callable[[], str]) -> None:
+        self.peer, self.action, self.timeout_s, self.progress = peer, action, timeout_s, progress
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, (TimeoutError, BlockingIOError)):
+            raise IOTimeout(f"{self.action} {self.peer} exceeded {self.timeout_s}s"
+                            f"{self.progress()}") from exc
+        if isinstance(exc, OSError):
+            raise ConnectionLost(f"{self.action} {self.peer} failed: {exc}") from exc
 
 
 def _wakes_late(timeout_s: float | None, left_s: float) -> bool:

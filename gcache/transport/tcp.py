@@ -51,11 +51,12 @@ def connect(address: str, *, timeout_s: float, io_size: int) -> StreamConnection
 
 
 class TcpListener:
-    """A listening socket that hands out ``StreamConnection``s; bytes they send that stay
-    unacknowledged for ``unacknowledged_s`` end them."""
+    """A socket bound at once (its port is known) that takes connections only from ``listen``
+    on: a connection attempt before that is refused, a fast failure a client retries, rather
+    than accepted by a server not yet able to answer it. It hands out ``StreamConnection``s;
+    bytes they send that stay unacknowledged for ``unacknowledged_s`` end them."""
 
-    def __init__(self, address: str, *, io_size: int, unacknowledged_s: float,
-                 backlog: int = 512) -> None:
+    def __init__(self, address: str, *, io_size: int, unacknowledged_s: float) -> None:
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -65,10 +66,13 @@ class TcpListener:
         except OSError as exc:
             self._sock.close()
             raise ConnectFailed(f"cannot listen on {address}: {exc}") from exc
-        self._sock.listen(backlog)
         self.io_size, self._unacknowledged_s = io_size, unacknowledged_s
         bound_host, bound_port = self._sock.getsockname()[:2]
         self.address = f"{bound_host}:{bound_port}"
+
+    def listen(self, backlog: int = 512) -> None:
+        """Start taking connections."""
+        self._sock.listen(backlog)
 
     def accept(self, *, timeout_s: float) -> StreamConnection | None:
         """The next connection, or None after ``timeout_s`` (so the caller can check for stop)."""

@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from gcache.cli import build_parser as cli_parser
-from gcache.config import MasterConfig, ServerConfig, load_config, parse_size
+from gcache.config import MasterConfig, ServerConfig, parse_size
+from gcache.config_loader import load_config
 from gcache.errors import ConfigError
 from gcache.master.main import build_parser as master_parser
 from gcache.server.main import build_parser as server_parser

@@ -36,7 +36,8 @@ from gcache import Client
 from gcache.cli.arenas import SHM_DIR, SIDECARS
 from gcache.cli.local_cluster import READY
 from gcache.cli.ports import free_port
-from gcache.config import CREDENTIAL, MasterConfig, ServerConfig, load_config
+from gcache.config import MasterConfig, ServerConfig
+from gcache.config_loader import CREDENTIAL, load_config
 from gcache.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

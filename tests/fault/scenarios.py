@@ -308,14 +308,9 @@ def leader_failover(seconds: float, *, log_dir: str, seed: int = 0, token: str) 
 def _arena_targets(path: str) -> list[tuple[str, int, int]]:
     """(part, offset, length) of every segment header, record header, key and value in an
     arena file, found with the arena's own layout."""
-    from gcache.server.arena import (
-        ALIGN,
-        RECORD,
-        RECORD_MAGIC,
-        SEGMENT_HEADER_BYTES,
-        read_segment_header,
-        value_offset,
-    )
+    from gcache.record_layout import ALIGN, SPAN_HEADER_BYTES, value_offset
+    from gcache.server.arena import read_span_header
+    from gcache.server.record import RECORD, RECORD_MAGIC
     with open(path, "rb") as fh:
         data = memoryview(fh.read())
     with open(path + ".key", "rb") as fh:
@@ -323,14 +318,14 @@ def _arena_targets(path: str) -> list[tuple[str, int, int]]:
     segment = 4 << 20
     targets, index = [], 0
     while index * segment < len(data):
-        header = read_segment_header(data, index * segment, secret)
+        header = read_span_header(data, index * segment, secret)
         if header is None:
             index += 1
             continue
         span, claim, _ = header
         start = index * segment
-        targets.append(("segment header", start, SEGMENT_HEADER_BYTES))
-        pos, limit = start + SEGMENT_HEADER_BYTES, start + span * segment
+        targets.append(("segment header", start, SPAN_HEADER_BYTES))
+        pos, limit = start + SPAN_HEADER_BYTES, start + span * segment
         while pos + RECORD.size <= limit:
             magic, state, _, key_len, length, _, seq, _, _ = RECORD.unpack_from(data, pos)
             if magic != RECORD_MAGIC or seq <= claim or key_len == 0:

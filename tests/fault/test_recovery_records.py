@@ -14,9 +14,11 @@ import uuid
 import pytest
 
 from gcache.keys import checksum
-from gcache.server.arena import RECORD, RECORD_MAGIC, SEGMENT_HEADER_BYTES
-from gcache.server.tier import HotTier, Stored
-from tests.unit.test_hot_tier import put, read
+from gcache.record_layout import SPAN_HEADER_BYTES
+from gcache.server.record import RECORD, RECORD_MAGIC, STATE_COMMITTED, header_check
+from gcache.server.tier import HotTier
+from gcache.server.tier_protocol import Stored
+from tests.unit.tier_ops import put, read
 
 SEG = 64 * 1024
 SEGMENTS = 8
@@ -27,9 +29,9 @@ def arena_name():
     name = f"gcache-recovery-{uuid.uuid4().hex[:8]}"
     opened: list[HotTier] = []
 
-    def open_tier() -> HotTier:
+    def open_tier(pin_budget_bytes: int = 0) -> HotTier:
         tier = HotTier(name=name, size_bytes=SEGMENTS * SEG, segment_size=SEG, prefault=False,
-                       lease_ttl_s=60.0)
+                       lease_ttl_s=60.0, pin_budget_bytes=pin_budget_bytes)
         opened.append(tier)
         return tier
 
@@ -71,8 +73,7 @@ def record_offset(tier: HotTier, key: bytes) -> int:
 
 def test_an_uncommitted_write_opening_a_segment_hides_nothing(arena_name):
     tier = arena_name()
-    _torn, _, view = tier.alloc(b"torn", 5000)          # the first record of the first segment
-    view.release()
+    tier.alloc(b"torn", 5000)                           # the first record of the first segment
     expected = {f"k{i}".encode(): value(i) for i in range(12)}
     for key, val in expected.items():
         put(tier, key, val)
@@ -87,14 +88,14 @@ def test_a_tombstone_opening_a_segment_keeps_the_delete_and_what_follows(arena_n
     put(tier, b"doomed", value(99))
     expected = fill_open_segment(tier, "a")
     pad = 0
-    while tier.arena._open.fill + 128 <= tier.arena.segment_size:   # two 64-byte tombstones
+    while tier.arena.fits_open(128) is not None:         # two 64-byte tombstones
         key = f"pad{pad}".encode()
         put(tier, key, b"p")
         expected[key] = b"p"
         pad += 1
-    full = tier.arena._open.index
+    full = tier.arena.fits_open(0).index
     assert tier.delete(b"doomed")
-    assert tier.arena._open.index != full                # the tombstones opened a segment
+    assert tier.arena.fits_open(0).index != full         # the tombstones opened a segment
     after = {f"b{i}".encode(): value(i) for i in range(5)}
     for key, val in after.items():
         put(tier, key, val)
@@ -107,10 +108,10 @@ def test_a_tombstone_opening_a_segment_keeps_the_delete_and_what_follows(arena_n
 def test_a_second_chance_reappend_opening_a_segment_hides_nothing(arena_name):
     tier = arena_name()
     expected = fill_open_segment(tier, "c")
-    tier.arena._open = None                              # the next allocation opens a segment
+    tier.arena.seal_open()                               # the next allocation opens a segment
     first = next(iter(expected))
     assert read(tier, first) == expected[first]
-    assert tier.reappend(tier.entry(first))             # the first record of a new segment
+    assert tier.reclaim.reappend(tier.entry(first))      # the first record of a new segment
     after = {f"d{i}".encode(): value(i) for i in range(5)}
     for key, val in after.items():
         put(tier, key, val)
@@ -152,7 +153,7 @@ def test_one_flipped_byte_in_a_tombstone_does_not_undo_the_delete(arena_name):
     put(tier, b"gone", b"old value")
     assert tier.delete(b"gone")
     view = tier.arena.view
-    start = SEGMENT_HEADER_BYTES
+    start = SPAN_HEADER_BYTES
     tombstones = []
     pos = start
     while pos + RECORD.size <= tier.arena.segment_size:
@@ -183,7 +184,6 @@ def test_a_header_forged_inside_a_stored_value_never_becomes_a_record(arena_name
     values left behind. A client may store anything: a header it forges there, for another key
     and with a huge sequence number, must not verify (the check is keyed with the arena's
     secret, which clients never see)."""
-    from gcache.server.arena import RECORD, RECORD_MAGIC, STATE_COMMITTED, header_check
     tier = arena_name()
     body = b"forged value for the victim"
     forged = bytearray(64 * 40)
@@ -216,3 +216,35 @@ def test_values_of_a_batch_written_straight_as_committed_survive_a_restart(arena
     assert read(tier, b"batch-3") is None
     assert tier.stats()["objects"] == len(expected)
     assert tier.stats()["bytes"] == sum(map(len, expected.values()))
+
+
+def test_a_flipped_state_byte_never_revives_an_overwritten_value(arena_name):
+    """An overwritten (SUPERSEDED) record's state is covered by its check. Here the old value
+    shares a span with a pinned value, which keeps the span, while the new value's span is
+    reclaimed by later writes: a flipped state byte made the old value current again after a
+    restart (its check was the committed one); now the record fails its check."""
+    tier = arena_name(pin_budget_bytes=2 * SEG)
+    assert tier.put_many([(b"file/part", memoryview(b"p" * 1000), checksum(b"p" * 1000))],
+                         pinned=True) == [Stored.OK]
+    put(tier, b"k", b"old value")                        # beside the pinned part
+    old = record_offset(tier, b"k")
+    tier.arena.seal_open()
+    put(tier, b"k", b"new value")                        # a span of its own
+    for i in range(3 * SEGMENTS):                        # never read: reclaimed, oldest first
+        put(tier, f"churn{i}".encode(), b"c" * (SEG // 2))
+    assert read(tier, b"k") is None                      # the new value is gone, and rightly
+    tier.arena.view[old + 4] = STATE_COMMITTED           # SUPERSEDED -> COMMITTED
+    tier = restart(tier, lambda: arena_name(pin_budget_bytes=2 * SEG))
+    assert read(tier, b"k") is None                      # never the old value
+    assert read(tier, b"file/part") == b"p" * 1000
+    assert tier.counters.checksum_failures == 1          # the record failed its check
+
+
+def test_a_flipped_state_byte_of_a_replaced_value_keeps_the_newest(arena_name):
+    tier = arena_name()
+    put(tier, b"k", b"v1" * 100)
+    first = record_offset(tier, b"k")
+    put(tier, b"k", b"v2" * 100)
+    tier.arena.view[first + 4] = STATE_COMMITTED
+    tier = restart(tier, arena_name)
+    assert read(tier, b"k") == b"v2" * 100

@@ -107,13 +107,16 @@ def test_in_place_writes_with_a_wrong_commit_checksum_are_rejected(cluster_facto
     ch.conn.close()
 
 
+# One connection a key: a connection may hold at most half the arena (``max_held_share``).
 LEASE_HOLDER = textwrap.dedent("""
     import sys, time
     from gcache.frame import Op
     from gcache.sdk.protocol import Channel
     from gcache.transport.shm import connect_unix
-    ch = Channel(connect_unix(sys.argv[1], timeout_s=2, io_size=1 << 20), timeout_s=2)
+    channels = []
     for key in sys.argv[2:]:
+        ch = Channel(connect_unix(sys.argv[1], timeout_s=2, io_size=1 << 20), timeout_s=2)
+        channels.append(ch)
         assert ch.reply(ch.request(Op.LEASE, key=key.encode())).handle > 0
     print("leased", flush=True)
     time.sleep(60)

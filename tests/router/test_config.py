@@ -2,7 +2,7 @@
 
 import pytest
 
-from gcache.config import load_config
+from gcache.config_loader import load_config
 from gcache.errors import ConfigError
 from gcache.router.config import InstanceSpec, RouterConfig
 

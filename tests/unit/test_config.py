@@ -1,6 +1,7 @@
 import pytest
 
-from gcache.config import ClientConfig, ServerConfig, load_config, parse_size, redacted
+from gcache.config import ClientConfig, ServerConfig, parse_size
+from gcache.config_loader import load_config, redacted
 from gcache.errors import ConfigError
 
 

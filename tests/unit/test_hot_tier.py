@@ -8,8 +8,10 @@ import pytest
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import checksum
-from gcache.server.tier import PIN_WAIT_S, HotTier, Stored
-from tests.unit.tier_ops import put, read
+from gcache.server.reclaim import PIN_WAIT_S
+from gcache.server.tier import HotTier
+from gcache.server.tier_protocol import Stored
+from tests.unit.tier_ops import fill, put, read, written
 
 SEG = 64 * 1024
 
@@ -39,14 +41,13 @@ def test_committed_values_read_back(tier):
 
 
 def test_uncommitted_and_mismatched_writes_are_never_visible(tier):
-    handle, _, target = tier.alloc(b"k", 10)
-    target[:] = b"0123456789"
+    write = written(tier, b"k", b"0123456789")
     assert read(tier, b"k") is None
     with pytest.raises(ChecksumMismatch):
-        tier.commit(handle, checksum(b"something else"))
+        write.commit(checksum(b"something else"))
     assert read(tier, b"k") is None and tier.stats()["checksum_failures"] == 1
     with pytest.raises(InvalidRequest, match="not a write in flight"):
-        tier.commit(handle, 0)
+        write.commit(0)
 
 
 def test_eviction_drops_the_oldest_segment_first(tier):
@@ -62,31 +63,33 @@ def test_eviction_drops_the_oldest_segment_first(tier):
 def test_a_lease_pins_its_segment_against_eviction(tier):
     value = b"p" * (SEG - 256)
     put(tier, b"pinned", value)
-    handle, _, view = tier.lease(b"pinned")
+    lease = tier.lease(b"pinned")
+    view = lease.view()
     for i in range(20):
         put(tier, f"other{i}".encode(), value)
     assert bytes(view) == value                  # never overwritten while leased
-    tier.release(handle)
+    view.release()
+    lease.release()
     for i in range(20):
         put(tier, f"more{i}".encode(), value)
     assert read(tier, b"pinned") is None
 
 
-def lease_every_segment(tier, value: bytes, segments: int = 8) -> list[int]:
-    """One value a segment, each leased: the lease handles."""
-    handles = []
+def lease_every_segment(tier, value: bytes, segments: int = 8) -> list:
+    """One value a segment, each leased: the leases."""
+    leases = []
     for i in range(segments):
         put(tier, f"k{i}".encode(), value)
-        handles.append(tier.lease(f"k{i}".encode())[0])
-    return handles
+        leases.append(tier.lease(f"k{i}".encode()))
+    return leases
 
 
 def test_when_everything_is_pinned_there_is_no_space(tier):
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value)
+    leases = lease_every_segment(tier, value)
     with pytest.raises(NoSpace):
         tier.alloc(b"new", len(value))
-    tier.release(handles[0])
+    leases[0].release()
     tier.alloc(b"new", len(value))
 
 
@@ -94,41 +97,34 @@ def test_an_allocation_that_finds_every_span_pinned_waits_for_a_pin_to_drop(tier
     """Pins are mostly transfers in flight or a dead peer's, let go within milliseconds: a
     writer waits for one (``PIN_WAIT_S``) instead of being refused at once."""
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value)
+    leases = lease_every_segment(tier, value)
     got: list[object] = []
     writer = threading.Thread(target=lambda: got.append(tier.alloc(b"new", len(value),
                                                                    wait_s=60.0)))
     writer.start()
     time.sleep(0.05)             # most likely waiting by now; the test holds either way
-    tier.release(handles[0])
+    leases[0].release()
     writer.join(60)
-    assert len(got) == 1 and isinstance(got[0], tuple), got
-    handle, _, target = got[0]
-    target.release()
-    tier.abort(handle)
-    for handle in handles[1:]:
-        tier.release(handle)
+    assert len(got) == 1 and got[0].entry.key == b"new", got
+    got[0].abort()
+    for lease in leases[1:]:
+        lease.release()
 
 
 def test_once_a_wait_for_a_pin_runs_out_allocations_refuse_at_once_until_one_drops(tier):
     """A batch of ALLOCs into an arena pinned full must not take a wait each."""
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value)
+    leases = lease_every_segment(tier, value)
     with pytest.raises(NoSpace):
         tier.alloc(b"first", len(value))            # waits PIN_WAIT_S in vain
-
-    def no_wait(timeout=None):
-        raise AssertionError(f"waited again ({timeout} s)")
-
-    tier.space.wait = no_wait
+    assert tier.stats()["pin_waits_expired"] == 1
     with pytest.raises(NoSpace):
         tier.alloc(b"second", len(value))
-    tier.release(handles[0])
-    handle, _, target = tier.alloc(b"third", len(value))
-    target.release()
-    tier.abort(handle)
-    for handle in handles[1:]:
-        tier.release(handle)
+    assert tier.stats()["pin_waits_expired"] == 1  # refused without a wait
+    leases[0].release()
+    tier.alloc(b"third", len(value)).abort()
+    for lease in leases[1:]:
+        lease.release()
 
 
 def test_a_value_just_written_outlives_a_claim_while_older_spans_are_pinned_briefly(tier):
@@ -136,42 +132,40 @@ def test_a_value_just_written_outlives_a_claim_while_older_spans_are_pinned_brie
     drop rather than take the segment of a value acknowledged a moment before (the fault
     suite's hostile-peers scenario lost one that way, read back at once, in 1 run of 40)."""
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value)          # k6, k7: the last quarter, young
-    for handle in handles[6:]:
-        tier.release(handle)
-    releaser = threading.Timer(0.05, tier.release, args=(handles[0],))
+    leases = lease_every_segment(tier, value)           # k6, k7: the last quarter, young
+    for lease in leases[6:]:
+        lease.release()
+    releaser = threading.Timer(0.05, leases[0].release)
     releaser.start()
     put(tier, b"new", value)
     releaser.join()
     assert tier.exists(b"k6") and tier.exists(b"k7") and not tier.exists(b"k0")
-    for handle in handles[1:6]:
-        tier.release(handle)
+    for lease in leases[1:6]:
+        lease.release()
 
 
 def test_when_no_older_pin_drops_in_time_a_young_span_is_taken_not_refused(tier):
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value)
-    for handle in handles[6:]:
-        tier.release(handle)
+    leases = lease_every_segment(tier, value)
+    for lease in leases[6:]:
+        lease.release()
     started = time.monotonic()
     put(tier, b"new", value)
     assert time.monotonic() - started >= PIN_WAIT_S * 0.9       # it waited, then took k6
     assert not tier.exists(b"k6") and tier.exists(b"k7") and tier.exists(b"new")
     stats = tier.stats()
     assert stats["pin_waits_expired"] == 1 and stats["young_spans_reclaimed"] == 1
-    for handle in handles[:6]:
-        tier.release(handle)
+    for lease in leases[:6]:
+        lease.release()
 
 
-def write_late(tier, key: bytes, value: bytes, *, others: int = 7) -> int:
+def write_late(tier, key: bytes, value: bytes, *, others: int = 7):
     """``key`` allocated and written but not committed while ``others`` segment-sized values
     claim the rest of the arena: its span (the first) is the oldest by the time it commits."""
-    handle, _, target = tier.alloc(key, len(value))
-    target[:] = value
-    target.release()
+    write = written(tier, key, value)
     for i in range(others):
         put(tier, f"k{i}".encode(), b"z" * (SEG - 256))
-    return handle
+    return write
 
 
 def test_a_value_committed_after_its_span_aged_counts_as_young_from_its_commit(tier):
@@ -179,7 +173,7 @@ def test_a_value_committed_after_its_span_aged_counts_as_young_from_its_commit(t
     of the other spans, not the one holding the value acknowledged a moment ago (the fault
     suite's hostile-peers scenario lost one that way, read back 0.3 ms after its ack)."""
     value = b"late" * 250
-    tier.commit(write_late(tier, b"late", value), checksum(value))
+    write_late(tier, b"late", value).commit(checksum(value))
     put(tier, b"new", b"n" * (SEG - 256))
     assert read(tier, b"late") == value and not tier.exists(b"k0") and tier.exists(b"k1")
 
@@ -191,9 +185,7 @@ def test_allocations_never_committed_do_not_age_a_committed_value(tier):
     value = b"v" * (SEG // 2)
     put(tier, b"kept", value)
     for i in range(5):                               # 5 of 8 segments, past a quarter arena
-        handle, _, target = tier.alloc(f"dead{i}".encode(), SEG - 256)
-        target.release()
-        tier.abort(handle)
+        tier.alloc(f"dead{i}".encode(), SEG - 256).abort()
     kept = tier.arena.segment_of(tier.entry(b"kept").record)
     assert tier.arena.is_young(kept)
     for i in range(3):                               # commits count: a quarter arena on, it
@@ -205,20 +197,20 @@ def test_among_young_spans_the_claim_takes_the_one_written_least_recently(tier):
     """The older spans pinned past the wait, the claim takes a young span: the one whose last
     write is oldest, not the one claimed first (which may hold the value committed last)."""
     value = b"late" * 250
-    handle = write_late(tier, b"late", value)
-    leases = [tier.lease(f"k{i}".encode())[0] for i in range(5)]     # k5, k6 young and free
-    tier.commit(handle, checksum(value))
+    write = write_late(tier, b"late", value)
+    leases = [tier.lease(f"k{i}".encode()) for i in range(5)]        # k5, k6 young and free
+    write.commit(checksum(value))
     put(tier, b"new", b"n" * (SEG - 256))                # after PIN_WAIT_S
     assert read(tier, b"late") == value and not tier.exists(b"k5") and tier.exists(b"k6")
     for lease in leases:
-        tier.release(lease)
+        lease.release()
 
 
 def demote_once(tier) -> None:
     """What the demoter does with one span: re-append its values read since written (into the
     cleaner's reserve), take the rest as written to disk, and mark it clean."""
     head, live = tier.claim_dirty(len(tier.arena.segments))
-    tier.settle(head, demoted=len(tier.keep_read(live)))
+    tier.reclaim.settle(head, demoted=len(tier.reclaim.keep_read(live)))
 
 
 def test_with_a_cold_tier_a_clean_young_span_is_taken_at_once(tier_factory):
@@ -227,14 +219,14 @@ def test_with_a_cold_tier_a_clean_young_span_is_taken_at_once(tier_factory):
     enough clean spans and rested) until it ran out of time: NO_SPACE under CPU load."""
     tier = tier_factory(cold_backed=True)
     value = b"z" * (SEG - 256)
-    handles = lease_every_segment(tier, value, segments=5)         # k0-k4, pinned
+    leases = lease_every_segment(tier, value, segments=5)          # k0-k4, pinned
     put(tier, b"y0", value)
     put(tier, b"y1", value)                                        # the young quarter
     assert read(tier, b"y0") == value
     demote_once(tier)                  # y0 re-appended into the reserve (a copy: not young)
     demote_once(tier)                  # y1
-    for handle in handles:             # the old spans: dirty, unpinned; the clean ones young
-        tier.release(handle)
+    for lease in leases:               # the old spans: dirty, unpinned; the clean ones young
+        lease.release()
     started = time.monotonic()
     tier.alloc(b"new", len(value), wait_s=3.0)
     assert time.monotonic() - started < 1.0          # not a wait for a demoter with no work
@@ -244,13 +236,13 @@ def test_with_a_cold_tier_a_clean_young_span_is_taken_at_once(tier_factory):
 def test_a_claim_refused_for_want_of_space_leaves_the_open_segment_open(tier):
     """A large value that finds every segment pinned must not close the open segment: the
     small values after it still fit there (else each would need a whole free segment too)."""
-    handles = lease_every_segment(tier, b"z" * (SEG // 2))   # the newest keeps half its room
+    leases = lease_every_segment(tier, b"z" * (SEG // 2))    # the newest keeps half its room
     with pytest.raises(NoSpace, match="8 of 8 spans pinned"):
         tier.alloc(b"large", SEG - 256)
     put(tier, b"small", b"s" * 1000)
     assert read(tier, b"small") == b"s" * 1000
-    for handle in handles:
-        tier.release(handle)
+    for lease in leases:
+        lease.release()
 
 
 def test_values_larger_than_a_segment_take_a_span(tier):
@@ -262,46 +254,46 @@ def test_values_larger_than_a_segment_take_a_span(tier):
 
 
 def test_expired_pins_are_reaped(tier):
-    handle, _, _ = tier.alloc(b"abandoned", 100)
+    write = tier.alloc(b"abandoned", 100)
     assert tier.stats()["pins"] == 1
 
     assert tier.reap_expired(time.monotonic() + 61) == 1
     assert tier.stats()["pins"] == 0
     with pytest.raises(InvalidRequest):
-        tier.write_target(handle, 0, 10)
+        fill(write, b"x" * 10)
 
 
 def test_a_deleted_key_stays_readable_through_an_open_lease(tier):
     put(tier, b"d", b"old bytes")
-    handle, _, view = tier.lease(b"d")
+    lease = tier.lease(b"d")
+    view = lease.view()
     assert tier.delete(b"d") and not tier.exists(b"d")
     assert bytes(view) == b"old bytes"
-    tier.release(handle)
+    view.release()
+    lease.release()
 
 
 def test_in_order_writes_are_hashed_as_they_land_and_any_order_still_commits(tier):
     value = bytes(range(256)) * 64
     for order in ([0, 1, 2, 3], [2, 0, 3, 1]):
         key = f"ordered-{order[0]}".encode()
-        handle, _, _ = tier.alloc(key, len(value))
+        write = tier.alloc(key, len(value))
         for part in order:
-            target, _hasher = tier.write_target(handle, part * 4096, 4096)
-            target[:] = value[part * 4096:(part + 1) * 4096]
-            if _hasher is not None:
-                _hasher.update(target)
-            tier.write_done(handle)
-        tier.commit(handle, checksum(value))
+            assert fill(write, value[part * 4096:(part + 1) * 4096], part * 4096)
+        write.commit(checksum(value))
         assert read(tier, key) == value
 
 
 def test_pins_of_server_driven_transfers_never_expire(tier):
     put(tier, b"streaming", b"s" * 100)
-    handle, _, view = tier.lease(b"streaming", expires=False)
-    write, _, _ = tier.alloc(b"incoming", 100, expires=False)
+    lease = tier.lease(b"streaming", expires=False)
+    write = tier.alloc(b"incoming", 100, expires=False)
     assert tier.reap_expired(time.monotonic() + 1e6) == 0
+    view = lease.view()
     assert bytes(view) == b"s" * 100
-    tier.release(handle)
-    tier.abort(write)
+    view.release()
+    lease.release()
+    write.abort()
     assert tier.stats()["pins"] == 0
 
 
@@ -339,7 +331,7 @@ def test_an_arena_its_tmpfs_cannot_hold_is_refused_before_a_page_is_touched():
     try:
         with pytest.raises(ConfigError, match="free"):
             Arena(name=name, size_bytes=(free // SEG + 16) * SEG, segment_size=SEG,
-                  prefault=True, on_evict=lambda segment: None)
+                  prefault=True)
         assert os.stat(f"/dev/shm/{name}").st_blocks == 0        # nothing allocated
     finally:
         for suffix in ("", ".key"):
@@ -451,10 +443,7 @@ def test_pins_survive_a_restart_and_keep_holding_their_span():
     try:
         files = {f"file/c/{i}".encode(): bytes([i]) * (SEG // 3) for i in range(4)}
         for key, value in files.items():
-            handle, _, target = first.alloc(key, len(value), pinned=True)
-            target[:] = value
-            target.release()
-            first.commit(handle, checksum(value))
+            written(first, key, value, pinned=True).commit(checksum(value))
         put(first, b"plain", b"x" * 100)
     finally:
         first.close(unlink=False)

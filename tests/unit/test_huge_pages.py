@@ -34,7 +34,7 @@ SMAPS = textwrap.dedent("""\
 
 def arena(directory: str, *, size: int = 32 * MiB) -> Arena:
     return Arena(name=f"gcache-unit-{uuid.uuid4().hex[:8]}", size_bytes=size,
-                 segment_size=4 * MiB, prefault=True, on_evict=lambda segment: None,
+                 segment_size=4 * MiB, prefault=True,
                  directory=directory)
 
 

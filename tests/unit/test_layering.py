@@ -15,8 +15,9 @@ BANNED = {
     "transport": ("gcache.server", "gcache.master", "gcache.sdk", "gcache.kv", "gcache.cli"),
     "kv": ("gcache.server", "gcache.master", "gcache.router", "gcache.cli", "gcache.transport",
            "gcache_sglang", "gcache_vllm"),
-    # the command line drives every layer, but never an engine's plugin or torch at import
-    "cli": ("gcache_sglang", "gcache_vllm", "torch"),
+    # the command line drives every layer, but never an engine's plugin or torch at import,
+    # and runs servers only as processes (what it shares with them lives below both)
+    "cli": ("gcache.server", "gcache_sglang", "gcache_vllm", "torch"),
     "router": ("gcache.server", "gcache.master", "gcache.transport", "gcache.cli",
                "gcache_sglang", "gcache_vllm"),
     "files": ("gcache.server", "gcache.master", "gcache.transport", "gcache.kv",
@@ -26,9 +27,10 @@ BANNED = {
 }
 # ``gcache/__init__.py`` re-exports the SDK lazily (importing a lower layer must not import it)
 PACKAGE_INIT_ALLOWED = ("typing",)
-TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.errors", "gcache.keys", "gcache.documents",
-                     "gcache.frame", "gcache.buffer", "gcache.outcomes", "gcache.placement",
-                     "gcache.master_client", "gcache.proto")
+TOP_LEVEL_ALLOWED = ("gcache.config", "gcache.config_loader", "gcache.errors", "gcache.keys",
+                     "gcache.documents", "gcache.frame", "gcache.buffer", "gcache.outcomes",
+                     "gcache.placement", "gcache.master_client", "gcache.proto",
+                     "gcache.eviction", "gcache.record_layout")
 
 
 def imports(path: pathlib.Path, *, top_level_only: bool = False):

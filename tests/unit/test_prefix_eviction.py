@@ -9,7 +9,7 @@ import pytest
 
 from gcache.keys import checksum
 from gcache.server.tier import HotTier
-from tests.unit.tier_ops import put, read
+from tests.unit.tier_ops import put, read, written
 
 SEG = 64 * 1024
 VALUE = b"v" * (SEG // 4 - 256)           # four records per segment, 32 in the arena
@@ -101,10 +101,8 @@ def test_a_restart_keeps_each_value_s_parent(tier_factory):
     first = tier_factory(name)
     keys = chain(first, "r", 3)
     put(first, b"orphan", VALUE, b"gone")
-    handle, _, target = first.alloc(b"many", 10, parent=b"r2")       # many records, one key
-    target[:] = b"0123456789"
-    target.release()
-    first.commit(handle, checksum(b"0123456789"))
+    write = written(first, b"many", b"0123456789", parent=b"r2")     # many records, one key
+    write.commit(checksum(b"0123456789"))
     first.arena.close(unlink=False)
     second = tier_factory(name)
     assert second.stats()["recovered_objects"] == 5
@@ -122,9 +120,9 @@ def test_the_demoter_neither_keeps_nor_demotes_what_can_no_longer_hit(tier_facto
     put(tier, b"d1", VALUE, b"d0")
     put(tier, b"e1", VALUE, b"e0")
     live = [tier.entry(k) for k in (b"d0", b"d1", b"e1")]
-    assert [e.key for e in tier.keep_read(live, lambda key: False)] == [b"d0", b"d1"]
+    assert [e.key for e in tier.reclaim.keep_read(live, lambda key: False)] == [b"d0", b"d1"]
     assert tier.stats()["unreachable_evicted"] == 1
-    kept = tier.keep_read([tier.entry(b"e1")], lambda key: key == b"e0")
+    kept = tier.reclaim.keep_read([tier.entry(b"e1")], lambda key: key == b"e0")
     assert [e.key for e in kept] == [b"e1"]
 
 

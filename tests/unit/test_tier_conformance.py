@@ -19,7 +19,7 @@ from gcache.server.cold_segments import SegmentColdStore
 from gcache.server.tier import HotTier, Stored
 from gcache.server.tier_protocol import Tier
 from gcache.server.tiered import TieredStore
-from tests.unit.tier_ops import put, read
+from tests.unit.tier_ops import fill, put, read, written
 
 SEG = 64 * 1024
 TTL_S = 60.0
@@ -86,67 +86,64 @@ def tier(kind: str, tmp_path: Path) -> Iterator[Tier]:
 def test_a_committed_value_leases_reads_in_pieces_and_releases(tier):
     value = bytes(range(256)) * 40
     put(tier, b"k", value, group=0x5EED)
-    handle, entry, view = tier.lease(b"k")
+    lease = tier.lease(b"k")
+    entry = lease.entry
+    view = lease.view()
     try:
         assert bytes(view) == value
         assert (entry.length, entry.checksum, entry.group) == (len(value), checksum(value),
                                                                0x5EED)
-        assert tier.leased(handle) is entry
-        piece = tier.read_view(entry, 1000, 4096)
+        piece = lease.view(1000, 4096)
         assert bytes(piece) == value[1000:5096]
         piece.release()
         with pytest.raises(InvalidRequest, match="overruns"):
-            tier.read_view(entry, len(value) - 10, 11)
+            lease.view(len(value) - 10, 11)
     finally:
         view.release()
-    assert tier.release(handle)
-    assert not tier.release(handle)                 # once only
+    assert lease.release()
+    assert not lease.release()                      # once only
     with pytest.raises(InvalidRequest):
-        tier.leased(handle)
+        lease.view()
     assert tier.stats()["pins"] == 0
 
 
 def test_a_write_received_in_order_pieces_is_hashed_as_it_lands(tier):
     value = bytes(range(256)) * 64
-    handle, _, target = tier.alloc(b"pieces", len(value))
-    target.release()
+    write = tier.alloc(b"pieces", len(value))
     whole_before = tier.stats()["whole_hashes"]
+    hashers = []
     for offset in range(0, len(value), 4096):
-        view, hasher = tier.write_target(handle, offset, 4096)
-        view[:] = value[offset:offset + 4096]
-        assert hasher is not None
-        hasher.update(view)
-        view.release()
-        assert tier.write_done(handle)
+        def copy(view, hasher, offset=offset):
+            view[:] = value[offset:offset + 4096]
+            hashers.append(hasher)
+            hasher.update(view)
+        assert write.receive(offset, 4096, copy)
+    assert all(h is not None for h in hashers)
     with pytest.raises(InvalidRequest, match="overruns"):
-        tier.write_target(handle, len(value) - 1, 2)
-    assert tier.commit(handle, checksum(value))
+        write.receive(len(value) - 1, 2, lambda view, hasher: None)
+    assert write.commit(checksum(value))
     assert tier.stats()["whole_hashes"] == whole_before
     assert read(tier, b"pieces") == value
 
 
 def test_a_commit_with_the_wrong_checksum_is_refused_and_never_visible(tier):
-    handle, _, target = tier.alloc(b"bad", 10)
-    target[:] = b"0123456789"
-    target.release()
+    write = written(tier, b"bad", b"0123456789")
     with pytest.raises(ChecksumMismatch):
-        tier.commit(handle, checksum(b"something else"))
+        write.commit(checksum(b"something else"))
     assert read(tier, b"bad") is None and not tier.exists(b"bad")
     assert tier.stats()["checksum_failures"] == 1
     with pytest.raises(InvalidRequest, match="not a write in flight"):
-        tier.commit(handle, checksum(b"0123456789"))
+        write.commit(checksum(b"0123456789"))
     assert tier.stats()["pins"] == 0
 
 
 def test_an_aborted_write_is_never_visible_and_frees_its_pin(tier):
-    handle, _, target = tier.alloc(b"gone", 5)
-    target[:] = b"abcde"
-    target.release()
-    tier.abort(handle)
-    tier.abort(handle)                              # twice, or unknown: ignored
+    write = written(tier, b"gone", b"abcde")
+    write.abort()
+    write.abort()                                   # twice, or unknown: ignored
     assert read(tier, b"gone") is None
     with pytest.raises(InvalidRequest):
-        tier.commit(handle, checksum(b"abcde"))
+        write.commit(checksum(b"abcde"))
     assert tier.stats()["pins"] == 0
 
 
@@ -163,11 +160,12 @@ def test_exists_and_delete_follow_puts_and_replacements(tier):
 
 def test_a_lease_still_reads_the_value_it_pinned_after_a_delete(tier):
     put(tier, b"d", b"old bytes")
-    handle, _, view = tier.lease(b"d")
+    lease = tier.lease(b"d")
+    view = lease.view()
     assert tier.delete(b"d") and not tier.exists(b"d")
     assert bytes(view) == b"old bytes"
     view.release()
-    assert tier.release(handle)
+    assert lease.release()
 
 
 def test_keys_with_groups_returns_the_group_each_key_was_put_with(tier):
@@ -180,22 +178,19 @@ def test_keys_with_groups_returns_the_group_each_key_was_put_with(tier):
 
 def test_expired_leases_and_writes_are_reaped_and_server_driven_pins_are_not(tier):
     put(tier, b"r", b"r" * 100)
-    expiring, _, view = tier.lease(b"r")
-    view.release()
-    kept, _, view = tier.lease(b"r", expires=False)
-    view.release()
-    write, _, target = tier.alloc(b"w", 10)
-    target.release()
+    expiring = tier.lease(b"r")
+    kept = tier.lease(b"r", expires=False)
+    write = tier.alloc(b"w", 10)
     assert tier.reap_expired() == 0                  # not yet
     assert tier.reap_expired(time.monotonic() + TTL_S + 1) == 2
-    assert not tier.release(expiring)
+    assert not expiring.release()
     with pytest.raises(InvalidRequest):
-        tier.leased(expiring)
+        expiring.view()
     with pytest.raises(InvalidRequest):
-        tier.write_target(write, 0, 10)
+        fill(write, b"0123456789")
     stats = tier.stats()
     assert stats["expired_pins"] == 2 and stats["pins"] == 1
-    assert tier.release(kept)
+    assert kept.release()
 
 
 def test_stats_have_every_key_stat_and_metrics_read(tier):
@@ -269,10 +264,7 @@ def test_read_many_copies_small_values_and_leaves_the_rest_to_leases(tier, kind)
 
 
 def put_pinned(tier: Tier, key: bytes, value: bytes) -> None:
-    handle, _, target = tier.alloc(key, len(value), pinned=True)
-    target[:] = value
-    target.release()
-    assert tier.commit(handle, checksum(value))
+    assert written(tier, key, value, pinned=True).commit(checksum(value))
 
 
 def churn(tier: Tier, arenas: int) -> None:
@@ -327,21 +319,16 @@ def test_a_pinned_put_past_the_budget_is_refused_and_a_delete_gives_its_room_bac
 
 def test_pinned_writes_in_flight_count_against_the_budget_from_their_alloc(tier):
     big = b"w" * (SEG - 1024)                     # one segment each
-    handles = []
-    for i in range(4):
-        handle, _, target = tier.alloc(f"file/c/{i}".encode(), len(big), pinned=True)
-        target[:] = big
-        target.release()
-        handles.append(handle)
+    writes = [written(tier, f"file/c/{i}".encode(), big, pinned=True) for i in range(4)]
     assert tier.stats()["pinned_bytes"] == 4 * SEG and tier.stats()["pinned_objects"] == 0
     with pytest.raises(NoSpace, match="pin budget"):
         tier.alloc(b"file/c/4", len(big), pinned=True)
-    tier.abort(handles[0])                        # an abandoned write gives its room back
+    writes[0].abort()                             # an abandoned write gives its room back
     with pytest.raises(ChecksumMismatch):         # and so does a refused one
-        tier.commit(handles[1], checksum(b"other bytes"))
+        writes[1].commit(checksum(b"other bytes"))
     assert tier.stats()["pinned_bytes"] == 2 * SEG
-    for handle in handles[2:]:
-        assert tier.commit(handle, checksum(big))
+    for write in writes[2:]:
+        assert write.commit(checksum(big))
     stats = tier.stats()
     assert (stats["pinned_objects"], stats["pinned_bytes"]) == (2, 2 * SEG)
     put_pinned(tier, b"file/c/5", big)
