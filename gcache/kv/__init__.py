@@ -2,9 +2,9 @@
 
 Model layouts read from ``config.json``, chained page keys, the window-safe rule, SWA store
 policies, ``KVStore`` (save, match, layer-by-layer load), ``EnginePages`` (pages under an
-engine's own keys, straight from its memory), the weights' fingerprint that keys carry, the
-connectors' shared settings and the SDK's pinned host staging for copies to and from a GPU. The
-connectors use only the names below.
+engine's own keys, straight from its memory) and ``LayeredPages`` (the same, one object per
+layer), the weights' fingerprint that keys carry, the connectors' shared settings and the SDK's
+pinned host staging for copies to and from a GPU. The connectors use only the names below.
 """
 
 from gcache.errors import ConfigError
@@ -20,6 +20,7 @@ from gcache.kv.engine_announce import EngineAnnouncer, announcer_from_settings
 from gcache.kv.engine_pages import EnginePages, page_regions
 from gcache.kv.key_scheme import KeyScheme, SchemePublisher
 from gcache.kv.layer_buffers import KVSink, KVSource, LayerArrays
+from gcache.kv.layered_pages import LayeredPages, PoolPages
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
 from gcache.kv.load_cost import LoadCost, LoadDecision
@@ -46,12 +47,14 @@ __all__ = [
     "KeyScheme",
     "LayerArrays",
     "LayerGeometry",
+    "LayeredPages",
     "LoadCost",
     "LoadDecision",
     "LoadHandle",
     "ModelLayout",
     "PinnedPool",
     "PoolExhausted",
+    "PoolPages",
     "Probe",
     "SavePlan",
     "SaveResult",

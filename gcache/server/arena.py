@@ -166,6 +166,7 @@ class Arena:
         if prefault:
             self._prefault()
         self.segments = [Segment(i) for i in range(count)]
+        self.free_segments = count
         self._open: Segment | None = None
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
@@ -289,6 +290,7 @@ class Arena:
         """Give a span's segments back (its owner has forgotten its records)."""
         if head is self._open:
             self._open = None
+        self.free_segments += head.span
         for index in range(head.index, head.index + head.span):
             seg = self.segments[index]
             seg.head, seg.seq, seg.fill, seg.span, seg.pins, seg.kept = -1, -1, 0, 1, 0, 0
@@ -305,6 +307,7 @@ class Arena:
         head.kept = head.unreachable = 0
         head.fill, head.fresh_mark = SPAN_HEADER_BYTES + n_bytes, NEVER_WRITTEN
         self._next_seq += 1
+        self.free_segments -= span
         for index in range(start, start + span):
             self.segments[index].head = start
         # The claim takes a sequence number of its own: every record written here from now on
@@ -347,6 +350,7 @@ class Arena:
         for start, span, age, fill, hashes in heads:
             head = self.segments[start]
             head.seq, head.span, head.fill, head.pins, head.hashes = age, span, fill, 0, hashes
+            self.free_segments -= span
             for index in range(start, start + span):
                 self.segments[index].head = start
             self._next_seq = max(self._next_seq, age + 1)

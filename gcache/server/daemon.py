@@ -31,6 +31,7 @@ from gcache.server.handoff import Handoff
 from gcache.server.huge_pages import huge_page_bytes
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
+from gcache.server.reclaim import Laggards
 from gcache.server.tier import HotTier
 from gcache.server.tier_protocol import Tier, Upkeep
 from gcache.server.tiered import TieredStore
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAP_CATCH_UP_ATTEMPTS = 12     # about 4 s of backoff for a lagging member to catch up
-PRESSURE_POLL_S = 0.5          # the pressure loop looks at ``stop`` at least this often
 
 
 class HelloFacts(TypedDict):
@@ -74,7 +74,8 @@ class DataServer:
         self.address = self.listener.address
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"
-        self.tier: Tier = open_tiers(config, shm_name)
+        self.transfers = Transfers(config.min_transfer_rate)
+        self.tier: Tier = open_tiers(config, shm_name, laggards=self.transfers)
         self._log_pages()
         self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
                                                                  or f"/tmp/{shm_name}.sock")
@@ -94,7 +95,6 @@ class DataServer:
             if offered is not None:
                 self._nixl, self.hello["nixl"] = offered
         self.stop = threading.Event()
-        self.transfers = Transfers(config.min_transfer_rate)
         self._lock = threading.Lock()
         self._conns: dict[StreamConnection, tuple[threading.Thread, ConnectionHandler]] = {}
         self._started_s = time.monotonic()
@@ -113,8 +113,7 @@ class DataServer:
         if isinstance(self.tier, Upkeep):
             upkeep = self.tier
             loops += [("gcache-reaper", lambda: self._reap_loop(upkeep)),
-                      ("gcache-unreachable", lambda: self._sweep_loop(upkeep)),
-                      ("gcache-pressure", lambda: self._pressure_loop(upkeep))]
+                      ("gcache-unreachable", lambda: self._sweep_loop(upkeep))]
         if (unix := self.unix_listener) is not None:
             unix.listen()
             loops.append(("gcache-accept-unix",
@@ -247,12 +246,6 @@ class DataServer:
             if expired:
                 log.warning("lease.expired count=%d", expired)
 
-    def _pressure_loop(self, tier: Upkeep) -> None:
-        """While a claim waits for held room, cut off the transfers that lag (``transfers``)."""
-        while not self.stop.is_set():
-            if tier.wait_pressed(PRESSURE_POLL_S):
-                self.transfers.cut_laggards()
-
     def _sweep_loop(self, tier: Upkeep) -> None:
         # A sweep reads every record that has a parent: at most one twentieth of a core, however
         # many there are (a sweep that took 1 s waits 20 s before the next).
@@ -299,14 +292,16 @@ class DataServer:
         self.tier.close(unlink=False)       # the arena outlives us: a restart re-attaches
 
 
-def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
-    """The hot tier alone, or with a cold tier in ``config.disk_dir`` behind it. Raises
-    ``ConfigError`` for a missing or unwritable directory."""
+def open_tiers(config: ServerConfig, shm_name: str, *,
+               laggards: Laggards | None = None) -> HotTier | TieredStore:
+    """The hot tier alone, or with a cold tier in ``config.disk_dir`` behind it (``laggards``:
+    the transfers a claim may cut off when room is short). Raises ``ConfigError`` for a
+    missing or unwritable directory."""
     if not config.disk_dir:
         return HotTier(name=shm_name, size_bytes=config.memory,
                        segment_size=config.segment_size, prefault=config.prefault,
                        lease_ttl_s=config.lease_ttl_s, arena_dir=config.arena_dir,
-                       pin_budget_bytes=config.pin_budget)
+                       pin_budget_bytes=config.pin_budget, laggards=laggards)
     from gcache.server.cold_segments import check_disk_dir
     check_disk_dir(config.disk_dir)
     cold: ColdStore
@@ -319,7 +314,8 @@ def open_tiers(config: ServerConfig, shm_name: str) -> HotTier | TieredStore:
         cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity)
     hot = HotTier(name=shm_name, size_bytes=config.memory, segment_size=config.segment_size,
                   prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True,
-                  arena_dir=config.arena_dir, pin_budget_bytes=config.pin_budget)
+                  arena_dir=config.arena_dir, pin_budget_bytes=config.pin_budget,
+                  laggards=laggards)
     segments = config.memory // config.segment_size
     # Two reusable segments at least: one for writers, one for second-chance re-appends.
     return TieredStore(hot, cold, headroom_segments=min(segments, max(2, segments // 4)))

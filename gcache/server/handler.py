@@ -203,22 +203,22 @@ class ConnectionHandler:
         if write is None:
             self.drain(length + trailer)
             return Status.NO_SPACE
-        transfer = self.transfers.start(self.conn, length)
-        try:
-            self._receive(write, 0, length)
-            if expected is None:
-                (expected,) = TRAILER.unpack(self.conn.recv_exact(
-                    trailer, timeout_s=self.io_timeout_s, deadline_s=self.deadline_s(trailer)))
-        finally:
-            self.transfers.end(transfer)
+        self._receive(write, 0, length)
+        if expected is None:
+            (expected,) = TRAILER.unpack(self.conn.recv_exact(
+                trailer, timeout_s=self.io_timeout_s, deadline_s=self.deadline_s(trailer)))
         return self._commit_status(write.handle, expected)
 
     def _receive(self, write: Write, offset: int, n_bytes: int) -> bool:
         """Receive ``n_bytes`` of a pending write; raises InvalidRequest before reading any.
         False when the write's TTL passed during the receive: it no longer exists."""
         def fill(target: memoryview, hasher: Hasher | None) -> None:
-            self.conn.recv_into(target, timeout_s=self.io_timeout_s, hasher=hasher,
-                                deadline_s=self.deadline_s(n_bytes))
+            transfer = self.transfers.start(self.conn, n_bytes)   # cut off if it lags
+            try:
+                self.conn.recv_into(target, timeout_s=self.io_timeout_s, hasher=hasher,
+                                    deadline_s=self.deadline_s(n_bytes))
+            finally:
+                self.transfers.end(transfer)
         return write.receive(offset, n_bytes, fill)
 
     def _commit_status(self, handle: int, expected: int) -> Status:

@@ -9,6 +9,8 @@ runs that rule over the arena and the index (all under the tier's lock, ``space`
   ``eviction.rescue_bound`` more reclaimed for them (a copy never takes a young span); one
   whose parent is gone by then is dropped. Behind a cold tier only clean spans are candidates
   (their values are on disk) and the last reusable segment is the cleaner's reserve.
+- **Laggards.** A client's claim that finds no free room first cuts off the transfers into
+  held room that lag (``transfers``) and waits a moment for their room to come back.
 - **Waiting.** A claim that finds no room waits, within its ``wait_s``: behind a cold tier for
   the demoter to clean a span; otherwise up to ``PIN_WAIT_S`` for a pin on an older span to
   drop before it takes a young span (one a client committed into a moment ago), and refuses
@@ -25,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gcache.errors import NoSpace
 from gcache.eviction import choose_victim, earns_second_chance, rescue_bound
@@ -38,6 +40,7 @@ from gcache.server.tier_protocol import Entry
 
 ALLOC_WAIT_S = 2.0       # longest a claim waits for the demoter before NoSpace
 PIN_WAIT_S = 0.25        # longest a claim waits for a pin on an older span to drop
+LAG_CHECK_S = 0.05       # meanwhile, how often it looks for transfers that came to lag
 
 
 class Rescued(NamedTuple):
@@ -50,16 +53,25 @@ class Rescued(NamedTuple):
     parent: bytes
 
 
+class Laggards(Protocol):
+    """Transfers into held room that may be cut off when room is short (``transfers``)."""
+
+    def cut_laggards(self) -> int:
+        """Cut off every transfer that lags; returns how many (their room comes back as their
+        connections wind down)."""
+
+
 class Reclaim:
     def __init__(self, arena: Arena, index: Index, counters: TierCounters,
-                 space: threading.Condition, *, cold_backed: bool) -> None:
+                 space: threading.Condition, *, cold_backed: bool,
+                 laggards: Laggards | None = None) -> None:
         self.arena, self.index, self.counters, self.space = arena, index, counters, space
         self.cold_backed = cold_backed
+        self.laggards = laggards
         self._rescued: deque[Rescued] = deque()
         # keys waiting in ``_rescued`` (a parent waiting there is still held)
         self._rescuing: collections.Counter[bytes] = collections.Counter()
         self._pins_starved = False      # a wait for a pin ran out; none unpinned since
-        self.pressed = threading.Event()   # a claim started waiting for held room
         # claims that evicted a young span without a cold tier: values acknowledged not long
         # before went, for want of an older span nothing pinned
         self.young_reclaims = 0
@@ -69,6 +81,10 @@ class Reclaim:
     def allocate(self, n_bytes: int, wait_s: float) -> tuple[Segment, int]:
         """Room for a client's record of ``n_bytes``: (span head, record offset), waiting as
         the module docstring says. Raises NoSpace."""
+        if self._cut_laggards(n_bytes):
+            # Room is short and transfers that lag held some: wait for a handler to give
+            # theirs back before evicting a value for want of it.
+            self.space.wait(PIN_WAIT_S)
         started = time.monotonic()
         deadline, pins_deadline = started + wait_s, started + min(wait_s, PIN_WAIT_S)
         # Behind a cold tier a young span is clean, its values on disk: taking one costs a
@@ -88,12 +104,22 @@ class Reclaim:
                     young_ok = True                  # nothing to wait for: a young span, then
                 elif may_wait:
                     waited_for_pins = True
-                    self.pressed.set()
-                    if not self.space.wait(pins_deadline - now):
+                    # in slices: a holder that starts to lag meanwhile is cut off too
+                    self._cut_laggards(n_bytes)
+                    if (not self.space.wait(min(pins_deadline - now, LAG_CHECK_S))
+                            and time.monotonic() >= pins_deadline):
                         self.counters.pin_waits_expired += 1     # then a young span or NoSpace
                 else:
                     self._pins_starved |= waited_for_pins        # and in vain
                     raise
+
+    def _cut_laggards(self, n_bytes: int) -> int:
+        """When ``n_bytes`` need a span and no free room is left, cut off the transfers into
+        held room that lag (``transfers``); returns how many."""
+        if (self.laggards is None or self.arena.fits_open(n_bytes) is not None
+                or self.arena.free_segments >= self.arena.span_of(n_bytes)):
+            return 0
+        return self.laggards.cut_laggards()
 
     def claim(self, n_bytes: int, *, use_reserve: bool = False, fresh: bool = True,
               young_ok: bool = True) -> tuple[Segment, int]:

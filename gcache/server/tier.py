@@ -39,7 +39,7 @@ from gcache.server.handles import HotLease, HotWrite
 from gcache.server.index import Index
 from gcache.server.keep import Keep
 from gcache.server.reachability import Reachability
-from gcache.server.reclaim import ALLOC_WAIT_S, Reclaim
+from gcache.server.reclaim import ALLOC_WAIT_S, Laggards, Reclaim
 from gcache.server.recovery import scan
 from gcache.server.tier_counters import TierCounters
 from gcache.server.tier_protocol import Copied, Entry, Stored
@@ -66,7 +66,8 @@ class Hold:
 class HotTier:
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
                  lease_ttl_s: float, cold_backed: bool = False,
-                 arena_dir: str = ARENA_DIR, pin_budget_bytes: int = 0) -> None:
+                 arena_dir: str = ARENA_DIR, pin_budget_bytes: int = 0,
+                 laggards: Laggards | None = None) -> None:
         self._lock = threading.Lock()
         # Signalled whenever space may have become reusable; a demoter waits on it too.
         self.space = threading.Condition(self._lock)
@@ -77,7 +78,7 @@ class HotTier:
         self.index = Index(self.arena)
         self.keep = Keep(self.arena, pin_budget_bytes)
         self.reclaim = Reclaim(self.arena, self.index, self.counters, self.space,
-                               cold_backed=cold_backed)
+                               cold_backed=cold_backed, laggards=laggards)
         self.reach = Reachability(self.arena, self.index, self.space)
         self._holds: dict[int, Hold] = {}
         self._handles = itertools.count(1)
@@ -403,11 +404,6 @@ class HotTier:
 
     def sweep_unreachable(self, on_disk: Callable[[bytes], bool] | None = None) -> None:
         self.reach.sweep(on_disk)
-
-    def wait_pressed(self, timeout_s: float) -> bool:
-        pressed = self.reclaim.pressed.wait(timeout_s)
-        self.reclaim.pressed.clear()
-        return pressed
 
     def claim_dirty(self, min_headroom: int) -> tuple[Segment, list[Entry]] | None:
         """The demoter's next span (``Reclaim.claim_dirty``), with its live entries."""

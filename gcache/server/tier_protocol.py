@@ -165,7 +165,3 @@ class Upkeep(Protocol):
 
     def tier_stats(self) -> dict[str, dict[str, int]] | None:
         """Counters per tier (``hot``, ``cold``) when there is more than one, else None."""
-
-    def wait_pressed(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for a claim to start waiting for held room; True when one
-        did since the last call (the server then cuts off lagging transfers)."""

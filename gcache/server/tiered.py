@@ -91,9 +91,6 @@ class TieredStore:
     def reap_expired(self, now_s: float | None = None) -> int:
         return self.hot.reap_expired(now_s)
 
-    def wait_pressed(self, timeout_s: float) -> bool:
-        return self.hot.wait_pressed(timeout_s)
-
     def stats(self) -> dict[str, int]:
         return self.hot.stats()
 

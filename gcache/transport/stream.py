@@ -47,6 +47,7 @@ class StreamConnection:
         "_sock",
         "_timeout_s",
         "io_size",
+        "last_recv_s",
         "peer",
         "received",
     )
@@ -61,6 +62,7 @@ class StreamConnection:
         self._rview = memoryview(self._rbuf)
         self._rpos = self._rend = 0
         self.received = 0          # bytes taken off the socket so far (a transfer's progress)
+        self.last_recv_s = 0.0     # time.monotonic() when bytes last came
 
     def __repr__(self) -> str:
         return f"StreamConnection(peer={self.peer!r}, closed={self._closed})"
@@ -175,6 +177,7 @@ class StreamConnection:
                 return -1
             raise
         self.received += n
+        self.last_recv_s = time.monotonic()
         return n
 
     def read_ahead(self, n_bytes: int, *, timeout_s: float | None, deadline_s: float) -> None:
@@ -201,6 +204,7 @@ class StreamConnection:
                     raise ConnectionLost(f"{self.peer} closed the connection after "
                                          f"{self._rend} of {n_bytes} bytes")
                 self.received += n
+                self.last_recv_s = time.monotonic()
                 self._rend += n
 
     def recv_exact(self, n_bytes: int, *, timeout_s: float | None,

@@ -85,12 +85,16 @@ def test_a_write_outliving_its_lease_never_lands_in_reused_memory(cluster_factor
     with Client([address], timeout_s=2.0, transport="tcp") as client:
         for key, value in expected.items():
             assert client.put(key, value)
-        sock.sendall(b"\xee" * (2 << 20))                # the rest of the late payload
-        reply = read_reply(sock)
-        assert reply is not None and reply.status == Status.UNKNOWN_HANDLE
-        sock.sendall(Header(Op.COMMIT, 3, handle=alloc.handle,
-                            checksum=checksum(b"\xee" * (3 << 20))).pack())
-        assert read_reply(sock).status == Status.UNKNOWN_HANDLE
+        # The late write is refused: cut off while room was short (it lagged: ``transfers``),
+        # or, had room sufficed, its bytes counted for nothing and its COMMIT unknown.
+        if not is_closed_by_server(sock, within_s=0.5):
+            sock.settimeout(10)
+            sock.sendall(b"\xee" * (2 << 20))            # the rest of the late payload
+            reply = read_reply(sock)
+            assert reply is not None and reply.status == Status.UNKNOWN_HANDLE
+            sock.sendall(Header(Op.COMMIT, 3, handle=alloc.handle,
+                                checksum=checksum(b"\xee" * (3 << 20))).pack())
+            assert read_reply(sock).status == Status.UNKNOWN_HANDLE
     with Client([address], timeout_s=2.0, transport="tcp", verify_checksum=False) as reader:
         found = {k: v for k, v in zip(expected, reader.batch_get(list(expected)))
                  if v is not None}
@@ -166,8 +170,8 @@ def test_senders_that_trickle_after_a_burst_are_cut_off_and_free_the_arena(clust
     try:
         with Client([address], timeout_s=2.0, transport="tcp") as client:
             wait_until(lambda: client.server_stats()[address]["tier"]["pins"] >= 4, 5)
-            assert client.put("blocked", b"b" * (1 << 20)) is False   # every segment pinned
-            wait_until(lambda: client.put("legit", b"l" * (1 << 20)), 12, period_s=0.2)
+            # every segment held by a sender that lags: the claim cuts them off
+            assert client.put("legit", b"l" * (1 << 20))
             assert client.get("legit") == b"l" * (1 << 20)
     finally:
         cut_off = all_cut_off(threads, stop, outcome)

@@ -110,3 +110,44 @@ def test_a_dead_clients_lease_stops_pinning_after_the_ttl(cluster_factory):
         assert pins() == 1
         wait_until(lambda: pins() == 0, timeout_s=5)        # TTL, while the socket stays open
         conn.close()
+
+
+def test_a_connection_is_refused_or_answered_never_accepted_before_the_server_can_answer(
+        tmp_path):
+    """The server binds its port at once but listens only once its arena and NIXL are ready:
+    before, a client that connected in between got no answer within its timeout and marked a
+    healthy server suspect. Every connection that gets through here is answered in time."""
+    import socket
+    import time
+
+    from gcache.frame import HEADER_SIZE, Header, Status, unpack_header
+    port = free_port()
+    name = f"gcache-ready-{os.getpid()}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gcache.server.main", "--listen", f"127.0.0.1:{port}",
+         "--memory", "1GiB", "--segment-size", "16MiB", "--shm-name", name, "--unix-socket",
+         "off", "--nixl"], stderr=open(tmp_path / "server.log", "w"))
+    answered = refused = 0
+    try:
+        deadline = time.monotonic() + 30
+        while answered == 0 and time.monotonic() < deadline and server.poll() is None:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+            except OSError:
+                refused += 1
+                time.sleep(0.005)
+                continue
+            with sock:
+                sock.settimeout(0.2)                  # a Client(timeout_s=0.2)'s patience
+                sock.sendall(Header(Op.HELLO, 1).pack())
+                reply = unpack_header(sock.recv(HEADER_SIZE, socket.MSG_WAITALL),
+                                      max_payload=1 << 20)
+                assert reply.status == Status.OK
+                answered += 1
+        assert answered == 1, (answered, refused)
+    finally:
+        server.terminate()
+        server.wait(20)
+        for suffix in ("", ".key"):
+            if os.path.exists(f"/dev/shm/{name}{suffix}"):
+                os.unlink(f"/dev/shm/{name}{suffix}")
