@@ -9,6 +9,7 @@ import pytest
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
 from gcache.server.arena import ARENA_DIR
+from tests import shm_leftovers
 from tests.network_hosts import NetworkHosts
 from tests.network_hosts import available as network_hosts_unavailable
 
@@ -104,6 +105,16 @@ def pytest_sessionfinish(session):
     if _nixl_network_hosts is not None:
         _nixl_network_hosts.__exit__()
         _nixl_network_hosts = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dev_shm_as_found():
+    """The run leaves /dev/shm as it found it (``tests.shm_leftovers``): torn down last, an
+    error naming each file left behind."""
+    before = shm_leftovers.snapshot()
+    yield
+    left = shm_leftovers.left_behind(before)
+    assert not left, f"left in /dev/shm by this run: {left}"
 
 
 @pytest.fixture(scope="session")

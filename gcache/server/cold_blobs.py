@@ -1,8 +1,10 @@
 """The cold tier with values inside RocksDB (blob files on), the alternative to segment files.
 
-Three kinds of entries in one rocksdict database: ``v<key>`` the value (RocksDB moves values of
-4 KiB and more to blob files), ``m<key>`` its metadata (insertion number, length, checksum), and
-``o<number>`` the insertion order (length, key), which the disk budget walks oldest first. Kept
+Four kinds of entries in one rocksdict database: ``v<key>`` the value (RocksDB moves values of
+4 KiB and more to blob files), ``m<key>`` its metadata (insertion number, length, checksum),
+``o<number>`` the insertion order (length, key), which the disk budget walks oldest first, and
+``p<key>`` for a value put pinned (a file's part), which the budget never evicts (it goes to the
+young end of the order instead). Kept
 so that ``bench/tiers.py`` can measure it against ``cold_segments`` in every run: each read here
 returns a fresh ``bytes`` from rocksdict that is then copied into the caller's buffer.
 """
@@ -40,14 +42,16 @@ class BlobColdStore:
             self._next = ORDER.unpack(order[1:])[0] + 1
         self.evicted_objects = 0
         self.failed_writes = 0
+        self._pinned_pass = 0
 
     def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
-            parent: bytes = b"") -> bool:
+            parent: bytes = b"", pinned: bool = False) -> bool:
         if len(value) > self.capacity_bytes:
             return False
         with self._lock:
             try:
                 self._drop(key)
+                self._pinned_pass = self._next        # a pinned value moves once per pass
                 while self._bytes + len(value) > self.capacity_bytes and self._evict_oldest():
                     pass
                 number, self._next = self._next, self._next + 1
@@ -55,6 +59,8 @@ class BlobColdStore:
                 self._db.put(b"m" + key, META.pack(number, len(value), checksum, group) + parent)
                 self._objects += 1
                 self._db.put(b"o" + ORDER.pack(number), SIZE.pack(len(value)) + key)
+                if pinned:
+                    self._db.put(b"p" + key, b"")
                 self._bytes += len(value)
                 return True
             except OSError as exc:
@@ -67,7 +73,17 @@ class BlobColdStore:
         if raw is None:
             return None
         _, length, checksum, group = META.unpack_from(raw)
-        return ColdEntry(length, checksum, key, group, bytes(raw[META.size:]))
+        return ColdEntry(length, checksum, key, group, bytes(raw[META.size:]),
+                         self._db.get(b"p" + key) is not None)
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        found = []
+        for marker, _ in self._db.items(b"p" + prefix):
+            if marker[1:] > after:
+                found.append(marker[1:])
+                if len(found) == limit:
+                    break
+        return found
 
     def keys(self) -> list[bytes]:
         """Every key held (a snapshot)."""
@@ -96,7 +112,8 @@ class BlobColdStore:
             return self._objects
 
     def sync(self) -> None:
-        """RocksDB's WAL carries every write; nothing more to flush for a crash."""
+        """RocksDB's write-ahead log carries every write: synced, they survive a power cut."""
+        self._db.sync()
 
     def close(self) -> None:
         self._db.close()
@@ -106,18 +123,39 @@ class BlobColdStore:
         if raw is None:
             return False
         number, length, _, _ = META.unpack_from(raw)
-        self._db.delete(b"m" + key)           # first: no entry ever names a missing value
+        # first, and durably: no entry ever names a missing value, and no power cut undoes it
+        self._db.delete(b"m" + key, durable=True)
         self._objects -= 1
-        for k in (b"v" + key, b"o" + ORDER.pack(number)):
+        for k in (b"v" + key, b"o" + ORDER.pack(number), b"p" + key):
             self._db.delete(k)
         self._bytes -= length
         return True
 
     def _evict_oldest(self) -> bool:
+        """Drop the oldest value, or move it to the young end when it was put pinned; False
+        when nothing is left that may go."""
         for order, raw in self._db.items(b"o"):
-            if self._drop(raw[SIZE.size:]):
+            key = raw[SIZE.size:]
+            if self._db.get(b"p" + key) is not None:
+                if ORDER.unpack(order[1:])[0] >= self._pinned_pass:
+                    return False                # every value left is pinned: keep them all
+                self._renumber(key, order)
+                continue
+            if self._drop(key):
                 self.evicted_objects += 1
             else:
                 self._db.delete(order)
             return True
         return False
+
+    def _renumber(self, key: bytes, order: bytes) -> None:
+        """Move a pinned value to the young end of the order."""
+        meta = self._db.get(b"m" + key)
+        if meta is None:
+            self._db.delete(order)
+            return
+        _, length, checksum, group = META.unpack_from(meta)
+        number, self._next = self._next, self._next + 1
+        self._db.put(b"m" + key, META.pack(number, length, checksum, group) + meta[META.size:])
+        self._db.put(b"o" + ORDER.pack(number), SIZE.pack(length) + key)
+        self._db.delete(order)

@@ -3,6 +3,11 @@
 rocksdict's exceptions never leave this module: an index that cannot be opened is a
 ``ConfigError`` naming the path (a second server on the same ``--disk-dir`` holds its lock), and
 a failed write is an ``OSError``, which the cold tier handles like a full disk.
+
+Writes go to RocksDB's write-ahead log without a sync (a demoted value is a cache's copy: a power
+cut may lose the newest ones), except deletes (``delete(durable=True)``): an acknowledged delete,
+or the drop of a disk copy a newer value replaced, must never be undone by a power cut, which
+would bring an older value back.
 """
 
 from __future__ import annotations
@@ -24,11 +29,16 @@ class ColdEntry:
     location: object       # where the store keeps it (opaque to callers)
     group: int = 0         # xxh3_64 of the placement group it was put with; 0 for none
     parent: bytes = b""    # the key it hangs from (FLAG_PARENT), back in memory on promotion
+    pinned: bool = False   # put pinned (a file's part): kept in memory again on promotion
 
 
 class RocksIndex:
     def __init__(self, db: Rdict) -> None:
+        import rocksdict
+
         self._db = db
+        self._synced = rocksdict.WriteOptions()
+        self._synced.sync = True
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)     # raw mode: bytes, which the stub cannot say
@@ -40,11 +50,19 @@ class RocksIndex:
         except Exception as exc:      # rocksdict raises plain Exceptions for IO errors
             raise OSError(f"rocksdb put failed: {exc}") from exc
 
-    def delete(self, key: bytes) -> None:
+    def delete(self, key: bytes, *, durable: bool = False) -> None:
+        """Delete ``key``; ``durable``: the log is synced before this returns."""
         try:
-            self._db.delete(key)
+            self._db.delete(key, self._synced) if durable else self._db.delete(key)
         except Exception as exc:
             raise OSError(f"rocksdb delete failed: {exc}") from exc
+
+    def sync(self) -> None:
+        """Make every write so far survive a power cut (the write-ahead log, synced)."""
+        try:
+            self._db.flush_wal(True)
+        except Exception as exc:
+            raise OSError(f"rocksdb wal sync failed: {exc}") from exc
 
     def count(self) -> int:
         return sum(1 for _ in self._db.keys())

@@ -13,6 +13,9 @@ Invariants:
   index still points into that file), then the file is unlinked. A full disk does the same and
   retries once; a value that still does not fit is not stored (the caller counts it).
 - A file's records are self-describing, so eviction finds a file's keys by scanning it.
+- Values put pinned (a file's parts) are flagged in the index (the file number's top bit) and
+  never evicted by the disk budget: evicting a file first copies its live pinned values forward
+  into the current file. Their keys are also kept in memory, for ``pinned_keys``.
 
 Why this design over values inside RocksDB (``cold_blobs``): rocksdict returns every read as a
 fresh ``bytes``, so a blob-file read costs a copy more, and its writes go through RocksDB's WAL
@@ -38,6 +41,7 @@ RECORD = struct.Struct("<IHQQQ")       # magic, key_len, length, checksum, group
 RECORD_MAGIC = 0x32434F47              # b"GOC2"
 LOCATION = struct.Struct("<IQQQQ")     # file number, value offset, length, checksum, group; then
                                        # the parent (none in indexes written before parents)
+PINNED = 1 << 31                       # in the file number: the value was put pinned
 FILE_BYTES = 64 << 20
 
 
@@ -52,7 +56,12 @@ class SegmentColdStore:
         self._lock = threading.Lock()
         self._index = open_index(os.path.join(path, "index"))
         # Counted once here and kept since: STAT must not walk the index under the lock.
-        self._objects = self._index.count()
+        self._objects = 0
+        self._pinned: set[bytes] = set()
+        for key, raw in self._index.items():
+            self._objects += 1
+            if LOCATION.unpack_from(raw)[0] & PINNED:
+                self._pinned.add(key)
         self._sizes: dict[int, int] = {}
         for name in sorted(os.listdir(path)):
             if name.startswith("seg-") and name.endswith(".dat"):
@@ -68,26 +77,16 @@ class SegmentColdStore:
     # ---- the ColdStore protocol -----------------------------------------------------------
 
     def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
-            parent: bytes = b"") -> bool:
+            parent: bytes = b"", pinned: bool = False) -> bool:
         """Append ``value``; False when it cannot be stored (too large, disk full)."""
-        header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum, group)
-        size = len(header) + len(key) + len(value)
+        size = RECORD.size + len(key) + len(value)
         if size > self.capacity_bytes:
             return False
         with self._lock:
             for attempt in (1, 2):
                 try:
                     self._make_room(size)
-                    offset = self._sizes[self._current]
-                    written = os.writev(self._write_fd, [header, key, value])
-                    self._sizes[self._current] += written
-                    if written != size:
-                        raise OSError(f"short write of {written} of {size} bytes")
-                    known = self._index.get(key) is not None
-                    self._index.put(key, LOCATION.pack(self._current, offset + len(header) +
-                                                       len(key), len(value), checksum, group)
-                                     + parent)
-                    self._objects += not known
+                    self._append(key, value, checksum, group, parent, pinned)
                     return True
                 except OSError as exc:
                     log.error("cold.write_failed attempt=%d error=%s", attempt, exc)
@@ -97,12 +96,39 @@ class SegmentColdStore:
             self.failed_writes += 1
             return False
 
+    def _append(self, key: bytes, value: bytes | memoryview, checksum: int, group: int,
+                parent: bytes, pinned: bool) -> None:
+        """One record at the end of the current file, then its index entry (under the lock).
+        Raises OSError."""
+        header = RECORD.pack(RECORD_MAGIC, len(key), len(value), checksum, group)
+        size = len(header) + len(key) + len(value)
+        offset = self._sizes[self._current]
+        written = os.writev(self._write_fd, [header, key, value])
+        self._sizes[self._current] += written
+        if written != size:
+            raise OSError(f"short write of {written} of {size} bytes")
+        known = self._index.get(key) is not None
+        number = self._current | (PINNED if pinned else 0)
+        self._index.put(key, LOCATION.pack(number, offset + len(header) + len(key), len(value),
+                                           checksum, group) + parent)
+        self._objects += not known
+        if pinned:
+            self._pinned.add(key)
+        else:
+            self._pinned.discard(key)
+
     def lookup(self, key: bytes) -> ColdEntry | None:
         raw = self._index.get(key)
         if raw is None:
             return None
         number, offset, length, checksum, group = LOCATION.unpack_from(raw)
-        return ColdEntry(length, checksum, (number, offset), group, bytes(raw[LOCATION.size:]))
+        return ColdEntry(length, checksum, (number & ~PINNED, offset), group,
+                         bytes(raw[LOCATION.size:]), bool(number & PINNED))
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        with self._lock:
+            found = [k for k in self._pinned if k.startswith(prefix) and k > after]
+        return sorted(found)[:limit]
 
     def keys(self) -> list[bytes]:
         """Every key the index holds (a snapshot)."""
@@ -128,8 +154,9 @@ class SegmentColdStore:
         with self._lock:
             if self._index.get(key) is None:
                 return False
-            self._index.delete(key)
+            self._index.delete(key, durable=True)
             self._objects -= 1
+            self._pinned.discard(key)
             return True
 
     def stats(self) -> dict[str, int]:
@@ -143,7 +170,10 @@ class SegmentColdStore:
             return self._objects
 
     def sync(self) -> None:
-        os.fsync(self._write_fd)
+        """The current file, then the index that points into it."""
+        with self._lock:
+            os.fsync(self._write_fd)
+            self._index.sync()
 
     def close(self) -> None:
         with self._lock:
@@ -168,6 +198,7 @@ class SegmentColdStore:
 
     def _roll(self) -> None:
         os.fsync(self._write_fd)
+        self._index.sync()                  # the entries into it, durable with it
         os.close(self._write_fd)
         self._current += 1
         self._sizes[self._current] = 0
@@ -181,10 +212,14 @@ class SegmentColdStore:
         dropped = 0
         for key in _keys_in(self._file(oldest)):
             raw = self._index.get(key)
-            if raw is not None and LOCATION.unpack_from(raw)[0] == oldest:
-                self._index.delete(key)
-                self._objects -= 1
-                dropped += 1
+            if raw is None or LOCATION.unpack_from(raw)[0] & ~PINNED != oldest:
+                continue
+            if LOCATION.unpack_from(raw)[0] & PINNED and self._carry_forward(key, raw):
+                continue
+            self._index.delete(key)
+            self._objects -= 1
+            self._pinned.discard(key)
+            dropped += 1
         fd = self._read_fds.pop(oldest, None)
         if fd is not None:
             os.close(fd)
@@ -193,6 +228,21 @@ class SegmentColdStore:
         self.evicted_objects += dropped
         self.evicted_files += 1
         log.info("cold.evicted file=%d objects=%d", oldest, dropped)
+        return True
+
+
+    def _carry_forward(self, key: bytes, raw: bytes) -> bool:
+        """Copy a pinned value out of a file being evicted into the current one; False when it
+        cannot be read back whole (it is dropped with its file)."""
+        number, offset, length, checksum, group = LOCATION.unpack_from(raw)
+        fd = self._open(number & ~PINNED, os.O_RDONLY)
+        try:
+            value = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        if len(value) != length:
+            return False
+        self._append(key, value, checksum, group, bytes(raw[LOCATION.size:]), True)
         return True
 
 

@@ -7,7 +7,8 @@ and ``cold_blobs.BlobColdStore`` (values inside RocksDB); mypy checks both, and
 Contract, for both:
 - Thread-safe: the demoter puts while readers look up, read and delete.
 - ``put`` never raises for a full or failing disk: it returns False (the caller counts the value
-  as dropped), after evicting the oldest values to fit the capacity when that helps.
+  as dropped), after evicting the oldest values to fit the capacity when that helps. A put is
+  durable once the store is synced (``sync``, and each file as it is rolled); a delete at once.
 - ``read_into`` never verifies the checksum: the caller does, over the bytes it hashed anyway.
 - ``ColdEntry.location`` is the store's own; callers only hand it back.
 """
@@ -26,10 +27,10 @@ class ColdStore(Protocol):
         each piece while it is still in the CPU cache)."""
 
     def put(self, key: bytes, value: memoryview, checksum: int, group: int = 0,
-            parent: bytes = b"") -> bool:
+            parent: bytes = b"", pinned: bool = False) -> bool:
         """Store ``value`` (its xxh3_64 ``checksum``, placement-group hash ``group``, the key
-        it hangs from ``parent``) in place of any older one; False when it cannot be stored
-        (too large, disk full)."""
+        it hangs from ``parent``, whether it was put ``pinned``) in place of any older one;
+        False when it cannot be stored (too large, disk full)."""
 
     def lookup(self, key: bytes) -> ColdEntry | None: ...
 
@@ -41,7 +42,12 @@ class ColdStore(Protocol):
         the value is gone or short."""
 
     def delete(self, key: bytes) -> bool:
-        """Forget ``key``; False when it was not held."""
+        """Forget ``key``, durably (a power cut after this returns never brings it back);
+        False when it was not held."""
+
+    def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
+        """The keys put pinned that start with ``prefix`` and sort after ``after``, in order,
+        at most ``limit``."""
 
     def stats(self) -> dict[str, int]:
         """At least ``bytes``, ``capacity_bytes``, ``evicted_objects`` and ``failed_writes``."""

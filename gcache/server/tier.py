@@ -262,16 +262,17 @@ class HotTier:
 
     # ---- reads ------------------------------------------------------------------------------
 
-    def lease(self, key: bytes, *, expires: bool = True) -> HotLease | None:
+    def lease(self, key: bytes, *, expires: bool = True, quiet: bool = False) -> HotLease | None:
         """Hold ``key``'s value for reading; None when absent. ``expires=False`` as for
-        ``alloc``."""
+        ``alloc``. ``quiet``: the server's own read (no hit counted, no second chance earned)."""
         with self._lock:
             offset = self.index.get(key)
             if offset < 0:
-                self.counters.misses += 1
+                self.counters.misses += not quiet
                 return None
-            self.counters.hits += 1
-            record.mark_read(self.arena.view, offset)
+            if not quiet:
+                self.counters.hits += 1
+                record.mark_read(self.arena.view, offset)
             entry = self._entry_at(offset)
             return HotLease(self, self._hold(entry, pending=False, expires=expires), entry)
 

@@ -25,10 +25,11 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-from gcache.errors import ChecksumMismatch
+from gcache.errors import ChecksumMismatch, NoSpace
 from gcache.keys import Hasher, checksum
 from gcache.server.cold_index import ColdEntry
 from gcache.server.cold_store import ColdStore
+from gcache.server.demoter import Demoter
 from gcache.server.reclaim import ALLOC_WAIT_S
 from gcache.server.tier import HotTier
 from gcache.server.tier_protocol import Copied, Entry, Fill, Lease, Stored, Write
@@ -56,6 +57,9 @@ class TieredStore:
         self.cold_checksum_failures = 0
         self.dropped_objects = 0                 # could not be demoted (disk full, corrupt)
         self.demoter = Demoter(self, headroom_segments)
+        for key in hot.pinned_keys(b"", limit=1 << 62):    # kept across a restart, not on disk
+            if self.cold.lookup(key) is None:
+                self.demoter.write_through(key)
         self.demoter.start()
 
     # ---- the hot tier's interface -------------------------------------------------------------
@@ -75,12 +79,15 @@ class TieredStore:
         stored = self.hot.put_many(values, group=group, pinned=pinned, parents=parents)
         for (key, _, _), outcome in zip(values, stored, strict=True):
             if outcome is Stored.OK:
-                self._drop_cold(key)
+                self.committed(key, pinned=pinned)
         return stored
 
     def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
-        """Pinned values never leave memory: the hot tier's list is the whole list."""
-        return self.hot.pinned_keys(prefix, after=after, limit=limit)
+        """Those in memory and those on disk (after a reboot, before a read brings them back):
+        the first ``limit`` of the union are among the first ``limit`` of each."""
+        found = set(self.hot.pinned_keys(prefix, after=after, limit=limit))
+        found.update(self.cold.pinned_keys(prefix, after=after, limit=limit))
+        return sorted(found)[:limit]
 
     def read_many(self, keys: Sequence[bytes], *,
                   budget_bytes: int) -> tuple[list[Copied | None], list[int]]:
@@ -198,8 +205,15 @@ class TieredStore:
         if entry is None:
             self.cold_misses += 1
             return False
-        write = self.hot.alloc(key, entry.length, expires=False, wait_s=PROMOTE_WAIT_S,
-                               group=entry.group, parent=entry.parent)
+        try:
+            write = self.hot.alloc(key, entry.length, expires=False, wait_s=PROMOTE_WAIT_S,
+                                   group=entry.group, parent=entry.parent, pinned=entry.pinned)
+        except NoSpace:
+            if not entry.pinned:
+                raise
+            # the pin budget is spent: served unpinned; the disk copy keeps its mark
+            write = self.hot.alloc(key, entry.length, expires=False, wait_s=PROMOTE_WAIT_S,
+                                   group=entry.group, parent=entry.parent)
         try:
             if not self._read_hashing(entry, write):
                 write.abort()
@@ -235,6 +249,25 @@ class TieredStore:
         return True
 
     # ---- disk copies ---------------------------------------------------------------------------
+
+    def committed(self, key: bytes, *, pinned: bool) -> None:
+        """A client's value of ``key`` was committed in memory: an older disk copy must never
+        come back (dropped, durably), and a pinned value is written to disk as well, so a
+        rebooted host still serves it (the demoter never reclaims its span)."""
+        self._drop_cold(key)
+        if pinned:
+            self.demoter.write_through(key)
+
+    def write_kept(self, key: bytes) -> None:
+        """Write ``key``'s pinned value to disk while it stays in memory (the demoter's)."""
+        lease = self.hot.lease(key, expires=False, quiet=True)
+        if lease is None:
+            return
+        try:
+            if lease.entry.pinned:
+                self.demote([lease.entry])
+        finally:
+            lease.release()
 
     def _drop_cold(self, key: bytes, *, deleting: bool = False) -> bool:
         """Drop ``key``'s disk copy (a newer value was committed, or it is being deleted: then
@@ -285,49 +318,16 @@ class TieredStore:
             self.dropped_objects += 1
             log.error("hot.checksum_mismatch key=%r: not demoted", entry.key[:64])
             return 0
-        if self.cold.put(entry.key, value, entry.checksum, entry.group, entry.parent):
+        if self.cold.put(entry.key, value, entry.checksum, entry.group, entry.parent,
+                         pinned=entry.pinned):
             return 1
         self.dropped_objects += 1
         return 0
 
 
-class Demoter(threading.Thread):
-    """Keeps ``headroom`` arena segments reusable by cleaning the oldest dirty spans."""
-
-    def __init__(self, store: TieredStore, headroom: int) -> None:
-        super().__init__(name="gcache-demoter", daemon=True)
-        self.store, self.headroom = store, headroom
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        hot = self.store.hot
-        while not self._halt.is_set():
-            try:
-                claim = hot.claim_dirty(self.headroom)
-                if claim is None:
-                    with hot.space:
-                        hot.space.wait(0.1)
-                    continue
-                head, live = claim
-                demoted = 0
-                try:
-                    demoted = self.store.demote(hot.reclaim.keep_read(live,
-                                                                      self.store.on_disk))
-                finally:
-                    hot.reclaim.settle(head, demoted=demoted)
-            except Exception:      # the thread's top level: log, keep serving
-                log.exception("demoter.failed")
-                self._halt.wait(0.5)
-
-    def stop(self) -> None:
-        self._halt.set()
-        with self.store.hot.space:
-            self.store.hot.space.notify_all()
-        self.join(timeout=5)
-
-
 class _DiskCopyDropping:
-    """A hot-tier write that, once committed, drops the key's disk copy."""
+    """A hot-tier write that, once committed, drops the key's disk copy (and, put pinned, has
+    the new value written to disk too)."""
 
     def __init__(self, write: Write, store: TieredStore) -> None:
         self._write, self._store = write, store
@@ -338,7 +338,7 @@ class _DiskCopyDropping:
 
     def commit(self, expected: int) -> bool:
         committed = self._write.commit(expected)
-        self._store._drop_cold(self.entry.key)
+        self._store.committed(self.entry.key, pinned=self.entry.pinned)
         return committed
 
     def abort(self) -> None:

@@ -171,3 +171,38 @@ def test_what_was_put_and_synced_is_there_after_a_reopen(make, tmp_path):
         assert again.keys() == [b"kept"] and again.object_count() == 1
     finally:
         again.close()
+
+
+def test_pinned_values_are_marked_listed_and_kept_through_the_capacity(make, tmp_path):
+    """A file's parts written to disk stay there whatever KV values come after (the budget
+    moves them on instead of evicting them), are listed by prefix, and keep their mark across
+    a reopen (a rebooted host lists and serves them)."""
+    path = tmp_path / "cold"
+    store = make(path)
+    try:
+        assert store.put(b"file/a", memoryview(b"A" * 1000), checksum(b"A" * 1000),
+                         pinned=True)
+        assert store.put(b"file/b", memoryview(b"B" * 1000), checksum(b"B" * 1000),
+                         pinned=True)
+        put(store, b"kv/plain", b"p" * 1000)
+        for i in range(12):                              # 12 × 400 KiB into 2 MiB
+            put(store, b"kv/%d" % i, value_of(400 << 10, i))
+        assert store.lookup(b"kv/plain") is None         # the budget evicted it, not them
+        assert [store.lookup(k).pinned for k in (b"file/a", b"file/b")] == [True, True]
+        assert store.pinned_keys(b"file/", limit=10) == [b"file/a", b"file/b"]
+        assert store.pinned_keys(b"file/", after=b"file/a", limit=10) == [b"file/b"]
+        assert store.pinned_keys(b"kv/", limit=10) == []
+        put(store, b"file/b", b"unpinned now")           # the mark goes with the value
+        assert store.pinned_keys(b"", limit=10) == [b"file/a"]
+        store.sync()
+    finally:
+        store.close()
+    again = make(path)
+    try:
+        entry = again.lookup(b"file/a")
+        out = bytearray(entry.length)
+        assert entry.pinned and again.read_into(entry, memoryview(out)) and out == b"A" * 1000
+        assert again.pinned_keys(b"", limit=10) == [b"file/a"]
+        assert again.delete(b"file/a") and again.pinned_keys(b"", limit=10) == []
+    finally:
+        again.close()
