@@ -13,6 +13,8 @@ import time
 import urllib.error
 import urllib.request
 
+from engine_testing.shm import GroupFiles, names
+
 from gcache.cli.ports import free_port
 from gcache.server.arena import ALIGN, RECORD, RECORD_MAGIC, STATE_COMMITTED, value_offset
 
@@ -54,8 +56,10 @@ class Engine:
                                                           for i in range(tp))
         self.log_path = log_dir / f"sglang-{self.port}.log"
         self._log = open(self.log_path, "wb")
+        before = names()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        self.files = GroupFiles(self.proc.pid, before)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -65,6 +69,7 @@ class Engine:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
                     if reply.status == 200:
+                        self.files.collect()
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -106,12 +111,13 @@ class Engine:
         return total
 
     def stop(self) -> None:
-        # SIGTERM lets launch_server stop its children and their semaphores go with them (a
-        # SIGKILL leaves those in /dev/shm). Whatever is left after the grace period is the
-        # process group we started: it is killed, and SGLang's shared-memory files that its
-        # processes had mapped are removed (other engines on the machine have files of the same
-        # shape, and the engine also maps GCache's arena, which is the server's).
-        owned = shm_files_of_group(self.proc.pid)
+        # SIGTERM lets launch_server stop its children, but its scheduler dies of the signal
+        # and leaves its semaphore in /dev/shm. Whatever is left after the grace period is the
+        # process group we started: it is killed, and the engine files its processes used are
+        # removed once no process uses them (engine_testing.shm: by inode, not name; other
+        # engines on the machine have files of the same shape, and the engine also maps
+        # GCache's arena, which is the server's).
+        self.files.collect()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -124,31 +130,7 @@ class Engine:
             pass
         self.proc.wait(timeout=30)
         self._log.close()
-        for path in owned:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-
-
-def shm_files_of_group(pgid: int) -> set[str]:
-    """SGLang's /dev/shm files mapped by the processes of process group ``pgid``."""
-    files: set[str] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:                 # pgrp is the 5th field of stat
-                continue
-            with open(f"/proc/{entry}/maps") as maps:
-                files.update(line.split(None, 5)[5].strip() for line in maps
-                             if "/dev/shm/" in line and len(line.split(None, 5)) == 6)
-        except (OSError, IndexError, ValueError):
-            continue                                   # gone meanwhile, or not readable
-    return {f for f in files
-            if os.path.basename(f).startswith(("sem.", "sglang_", "sgl_shm_"))}
+        self.files.remove()
 
 
 def corrupt_every_value(shm_name: str) -> int:

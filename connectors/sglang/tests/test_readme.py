@@ -4,7 +4,6 @@ in GCache."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import time
 import urllib.request
@@ -18,9 +17,8 @@ from engine_testing.readme import (
     stored_objects,
     wait_healthy,
 )
+from engine_testing.shm import GroupFiles, names
 from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
-
-from .engine import shm_files_of_group
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 GCACHE, URL, PAGE = "127.0.0.1:7710", "http://127.0.0.1:30710", 16
@@ -36,12 +34,14 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
     server = Shell(readme_block(README, "cpu-gcache"), tmp_path / "gcache.log", env=activated())
     try:
         server.wait_for("gcache-server ready", 60)
+        before = names()
         engine = Shell(readme_block(README, "cpu-sglang"), tmp_path / "sglang.log",
                        env={**activated(), "MODEL": str(model)})
-        owned: set[str] = set()
+        # SGLang's scheduler dies of stop()'s SIGTERM and leaves its semaphore
+        files = GroupFiles(engine.proc.pid, before)
         try:
             wait_healthy(URL, engine)
-            owned = shm_files_of_group(engine.proc.pid)
+            files.collect()
             body = json.dumps({"input_ids": ids, "sampling_params": {
                 "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}).encode()
             request = urllib.request.Request(URL + "/generate", data=body,
@@ -53,12 +53,9 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
                 time.sleep(0.3)                     # SGLang backs pages up after the request
             assert stored_objects(GCACHE) >= 2 * (len(ids) // PAGE), engine.log()
         finally:
+            files.collect()
             engine.stop()
-            for path in owned:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            files.remove()
     finally:
         server.stop()
         remove_server_files(7710)

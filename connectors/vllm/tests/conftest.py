@@ -11,6 +11,16 @@ from gcache.cli.local_cluster import LocalCluster
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def leaves_dev_shm_as_found():
+    """A test run leaves /dev/shm as it found it: engine files (``engine_testing.shm``) that
+    appeared during the run and that no process uses fail the run at its end, by name."""
+    from engine_testing import shm
+    before = shm.names()
+    yield
+    shm.assert_left_nothing(before)
+
+
 @pytest.fixture(autouse=True)
 def shut_down_connectors():
     """The connectors a test made (``harness.MADE``) release their clients, threads and

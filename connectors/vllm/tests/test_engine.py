@@ -13,10 +13,10 @@ import itertools
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
+from engine_testing.shm import run_group
 from engine_testing.tiny_models import (
     CORPUS,
     gemma3,
@@ -94,10 +94,10 @@ def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp))
     with open(log, "w") as out:
-        done = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], stdout=out,
-                              stderr=subprocess.STDOUT, env=env, timeout=600)
+        returncode = run_group([sys.executable, str(RUNNER), json.dumps(spec)], stdout=out,
+                               env=env, timeout_s=600)
     text = log.read_text(errors="replace")
-    assert done.returncode == 0, text[-4000:]
+    assert returncode == 0, text[-4000:]
     line = next(x for x in text.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 

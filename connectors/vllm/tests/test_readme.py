@@ -18,6 +18,7 @@ from engine_testing.readme import (
     stored_objects,
     wait_healthy,
 )
+from engine_testing.shm import GroupFiles, names
 from engine_testing.tiny_models import llama, prompt_ids
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -32,10 +33,14 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
     server = Shell(readme_block(README, "cpu-gcache"), tmp_path / "gcache.log", env=activated())
     try:
         server.wait_for("gcache-server ready", 60)
+        before = names()
         engine = Shell(readme_block(README, "cpu-vllm"), tmp_path / "vllm.log",
                        env={**activated(), "MODEL": str(model)})
+        # the shared memory and semaphores of whatever stop() has to SIGKILL after the grace
+        files = GroupFiles(engine.proc.pid, before)
         try:
             wait_healthy(URL, engine)
+            files.collect()
             body = json.dumps({"model": str(model), "prompt": ids, "max_tokens": 4,
                                "temperature": 0}).encode()
             request = urllib.request.Request(URL + "/v1/completions", data=body,
@@ -48,7 +53,9 @@ def test_the_cpu_recipe_runs_as_printed(tmp_path):
                 time.sleep(0.3)
             assert stored_objects(GCACHE) > 0, engine.log()
         finally:
+            files.collect()
             engine.stop()
+            files.remove()
     finally:
         server.stop()
         remove_server_files(7720)

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from engine_testing.shm import GroupFiles, names
 from engine_testing.tiny_models import CORPUS, llama
 
 from gcache.cli.local_cluster import LocalCluster
@@ -79,6 +80,7 @@ class Engine:
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events}
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CACHE_ROOT=str(cache_root),
                    VLLM_TARGET_DEVICE="cpu")
+        before = names()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
              "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
@@ -88,6 +90,7 @@ class Engine:
              "--kv-transfer-config", json.dumps(transfer),
              "--kv-events-config", json.dumps(kv_events)],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.files = GroupFiles(self.proc.pid, before)      # what a killed engine leaves
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -104,44 +107,31 @@ class Engine:
 
     def kill(self) -> None:
         """SIGKILL the engine's process group (its API server and engine core: we started it
-        in a session of its own)."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        in a session of its own), and remove the shared memory and semaphores it used, which
+        a killed process cannot."""
+        self.files.collect()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)    # the group outlives its leader
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=30)
+        self.files.remove()
 
     def stop(self) -> None:
+        self.files.collect()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def shared_memory_names() -> set[str]:
-    """vLLM's shared memory blocks and multiprocessing's named semaphores."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "sem.mp-"))}
-
-
-def remove_orphaned_shared_memory(before: set[str]) -> None:
-    """vLLM's shared memory that appeared since ``before`` and no live process maps: a killed
-    engine cannot unlink its own."""
-    mapped = set()
-    for maps in pathlib.Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(line.rsplit("/", 1)[-1] for line in maps.read_text().splitlines()
-                          if "/dev/shm/" in line)
-        except OSError:
-            pass
-    for name in shared_memory_names() - before - mapped:
-        pathlib.Path("/dev/shm", name).unlink(missing_ok=True)
+                pass
+        self.kill()                 # what is left of the group, and what it left
 
 
 @pytest.fixture(scope="module")
 def engines(model, gcache, tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     ports = free_ports(2)
-    shared_before = shared_memory_names()
     started = [Engine(model, gcache.master_spec, port, f"ipc://{root}/kv-{i}.sock",
                       root / f"engine-{i}.log", root / "vllm-cache")
                for i, port in enumerate(ports)]
@@ -152,7 +142,6 @@ def engines(model, gcache, tmp_path_factory):
     finally:
         for engine in started:
             engine.stop()
-        remove_orphaned_shared_memory(shared_before)
 
 
 @pytest.fixture(scope="module")
