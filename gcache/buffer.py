@@ -12,9 +12,16 @@ on as a flat ``uint8`` view of itself, which slices and measures (``len``) like 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, TypeAlias
 
 from gcache.errors import InvalidRequest, WrongType
+
+# What the SDK takes as a value to store or a destination to fill: an object with the buffer
+# protocol (bytes, bytearray, memoryview, mmap, a numpy array) or a contiguous torch tensor
+# (CPU; or CUDA, where the link copies to and from device memory). The check is at run time
+# (``as_memoryview``, ``as_bytes``), naming what was wrong: torch is never imported here, and
+# Python 3.11 has no static type for "has the buffer protocol".
+BufferLike: TypeAlias = Any
 
 
 def is_tensor(obj: object) -> bool:
@@ -38,7 +45,7 @@ def is_cuda_tensor(obj: object) -> bool:
     return is_tensor(obj) and bool(getattr(obj, "is_cuda", False))
 
 
-def nbytes(buffer: Any) -> int:
+def nbytes(buffer: BufferLike) -> int:
     """Bytes in a flat byte view (what ``as_memoryview`` returns) or a CUDA tensor."""
     if is_cuda_tensor(buffer):
         n_bytes: int = buffer.numel() * buffer.element_size()
@@ -55,14 +62,14 @@ def device_bytes(tensor: Any, *, what: str = "value") -> Any:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def as_bytes(obj: Any, *, writable: bool, what: str = "value") -> Any:
+def as_bytes(obj: BufferLike, *, writable: bool, what: str = "value") -> Any:
     """``as_memoryview`` for host buffers; ``device_bytes`` for a CUDA tensor."""
     if is_cuda_tensor(obj):
         return device_bytes(obj, what=what)
     return as_memoryview(obj, writable=writable, what=what)
 
 
-def as_memoryview(obj: Any, *, writable: bool, what: str = "value") -> memoryview:
+def as_memoryview(obj: BufferLike, *, writable: bool, what: str = "value") -> memoryview:
     """A flat unsigned-byte view of ``obj``.
 
     Raises WrongType (a TypeError) for an object that is no buffer or is read-only where

@@ -1,9 +1,8 @@
 """``FileStore``: files in GCache as content-addressed chunks behind a manifest.
 
-Keys: ``file/c/<digest>`` a chunk, ``file/m/<digest>`` a manifest (both content addressed:
-equal bytes are stored once, and no put ever gives such a key other bytes), ``file/n/<hash of
-the name>`` the name's current manifest (the one mutable key). Each chunk is placed by its own
-key, so a file's chunks spread over the cluster's servers and a read draws on all of them.
+A file is chunks and a manifest, both content addressed, and a name pointing at the manifest
+(``file_keys``). Each chunk is placed by its own key, so a file's chunks spread over the
+cluster's servers and a read draws on all of them.
 
 A put writes the chunks the cluster does not hold yet, then the manifest, then the name: a
 reader who resolves the name sees a version whose every chunk was stored. A reader resolves the
@@ -17,24 +16,23 @@ server keeps it in memory, never evicted by KV traffic, within the server's pin 
 ``put_file`` raises ``FileNotStored``). So a file's memory comes back only by ``delete``, which
 removes the name, every version of it, and the chunks no other file's manifest names, or by
 ``prune``, which drops the earlier versions only: a push of a new version leaves the old one
-readable by readers who resolved it, until a prune. Servers list their
-pinned keys (``Client.list_pinned``), which is also how ``list`` finds the names under a prefix
-and ``delete`` finds the other manifests. A delete racing a push of other files sharing chunks
-with it may take a chunk the push found present and did not store again: that file's reads
-then raise ``MissingRanges`` for it (never wrong bytes) until it is pushed again.
+readable by readers who resolved it, until a prune. Servers list their pinned keys
+(``Client.list_pinned``): that is how ``list`` finds names and ``delete`` other manifests. A
+delete racing a push of other files sharing chunks with it may take a chunk the push found
+present and did not store again: that file's reads then raise ``MissingRanges`` for it (never
+wrong bytes) until it is pushed again.
 
 The default chunk, 16 MiB less 64 KiB, fits one 16 MiB arena segment (the server's default)
-with its record header and key: a chunk of a whole 16 MiB takes a span of two segments,
-half empty.
+with its record header and key (a whole 16 MiB takes two segments, half empty).
 
-``replicas=N`` puts N copies of each chunk on N distinct servers (under the current map; the
-manifest records where each extra copy was placed) and a read takes the first whole copy, so a
-file survives the loss of N-1 of its servers. KV stays single-copy.
+``replicas=N`` puts N copies of each chunk on N distinct servers (the manifest records where)
+and a read takes the first whole copy: a file survives the loss of N-1 of its servers.
 
-A host cache (``FileStore(host_cache=host_cache_client(client))``) keeps copies of the chunks
-this host read from other servers in its own server's shared memory, under ``file/h/<digest>``.
+A host cache (``FileStore(host_cache=host_cache_client(client))``) keeps the chunks this host
+read from other servers in its own server's shared memory.
 
-Directories (a name per file plus an index) are ``gcache.files.directory``.
+Directories (a name per file plus an index) are ``gcache.files.directory``; the keys of a
+file's parts are ``file_keys``, the read of a version's chunks ``chunk_reader``.
 """
 
 from __future__ import annotations
@@ -46,60 +44,30 @@ from typing import Any
 
 import xxhash
 
-from gcache.buffer import as_memoryview
+from gcache.buffer import BufferLike, as_memoryview
 from gcache.errors import GCacheError, InvalidRequest
-from gcache.files.manifest import Manifest, MissingRanges
+from gcache.files.chunk_reader import ChunkReader, batches
+from gcache.files.file_keys import (
+    MANIFEST_PREFIX,
+    NAME_PREFIX,
+    base_of,
+    chunk_copies,
+    chunk_key,
+    manifest_key,
+    name_key,
+    replica_group,
+    replica_key,
+)
+from gcache.files.manifest import Manifest
 from gcache.sdk import Client
 
 DEFAULT_CHUNK_SIZE = (16 << 20) - (64 << 10)
-BATCH_BYTES = 64 << 20            # bytes one batch of chunk puts or gets moves at most
 PLACEMENT_ATTEMPTS = 256          # per extra copy; with n servers each try is new with p>=1/n
 MAX_SMALL_COPIES = 4              # copies of a name or manifest a reader looks for at most
-NAME_PREFIX, MANIFEST_PREFIX = "file/n/", "file/m/"
-
-
-def chunk_key(digest: str) -> str:
-    return f"file/c/{digest}"
-
-
-def replica_key(digest: str, copy: int) -> str:
-    """Extra copy ``copy`` (1, 2, ...) of a chunk."""
-    return f"file/c/{digest}/r{copy}"
-
-
-def replica_group(digest: str, copy: int, attempt: int) -> str:
-    """The placement group of extra copy ``copy`` at placement ``attempt``: attempts go on
-    until the copy's owner differs from every earlier copy's, and the manifest records it."""
-    return f"file/c/{digest}/r{copy}/{attempt}"
-
-
-def _chunk_copies(manifest: Manifest, index: int) -> list[tuple[str, str | None]]:
-    """(key, group) of each copy of ``manifest``'s chunk ``index``: the chunk, then the extra
-    copies where this version placed them."""
-    chunk = manifest.chunks[index]
-    extra = manifest.placements[index] if manifest.placements else ()
-    return [(chunk_key(chunk), None)] + [(replica_key(chunk, copy),
-                                          replica_group(chunk, copy, attempt))
-                                         for copy, attempt in enumerate(extra, start=1)]
-
-
-def manifest_key(digest: str) -> str:
-    return f"{MANIFEST_PREFIX}{digest}"
-
-
-def name_key(name: str) -> str:
-    if not name:
-        raise InvalidRequest("a file name is empty")
-    return NAME_PREFIX + xxhash.xxh3_128_hexdigest(name.encode())
 
 
 class FileNotStored(GCacheError):
     """A put could not store every chunk (servers full or down): the name was not changed."""
-
-
-def host_key(digest: str) -> str:
-    """A chunk's copy in this host's read cache (``FileStore(host_cache=)``)."""
-    return f"file/h/{digest}"
 
 
 class FileStore:
@@ -116,7 +84,7 @@ class FileStore:
             raise InvalidRequest(f"replicas {replicas} must be at least 1")
         self.client, self.chunk_size, self.replicas = client, chunk_size, replicas
         self.host_cache = host_cache
-        self.host_server = host_cache.stats()["servers"][0] if host_cache is not None else None
+        self.reader = ChunkReader(client, host_cache)
 
     # ---- write ----------------------------------------------------------------------------------
 
@@ -241,7 +209,7 @@ class FileStore:
 
     def _put_chunks(self, items: Sequence[tuple[str, str | None, memoryview]]) -> list[str]:
         failed: list[str] = []
-        for batch in _batches(items, lambda item: len(item[2])):
+        for batch in batches(items, lambda item: len(item[2])):
             keys = [k for k, _, _ in batch]
             done = self.client.batch_put(keys, [v for _, _, v in batch],
                                          group=[g for _, g, _ in batch], content_addressed=True,
@@ -294,10 +262,10 @@ class FileStore:
         and not its extra copies): the chunks first, so a delete cut short leaves a manifest
         to find them by."""
         kept = {copy for d, m in every.items() if d not in doomed
-                for i in range(len(m.chunks)) for copy in _chunk_copies(m, i)}
+                for i in range(len(m.chunks)) for copy in chunk_copies(m, i)}
         for digest, manifest in doomed.items():
             for i in range(len(manifest.chunks)):
-                for k, g in _chunk_copies(manifest, i):
+                for k, g in chunk_copies(manifest, i):
                     if (k, g) not in kept:
                         kept.add((k, g))          # once, though several versions name it
                         self.client.delete(k, group=g)
@@ -330,7 +298,7 @@ class FileStore:
             out = as_memoryview(dest, writable=True, what="dest").cast("B")
             if len(out) < manifest.size:
                 raise InvalidRequest(f"dest holds {len(out)} bytes; {name} is {manifest.size}")
-            self._read_chunks(manifest, range(len(manifest.chunks)), out, 0)
+            self.reader.read_chunks(manifest, range(len(manifest.chunks)), out, 0)
             return manifest
         partial = f"{os.fspath(dest)}.gcache-partial"
         try:
@@ -340,7 +308,7 @@ class FileStore:
                     with mmap.mmap(fh.fileno(), manifest.size) as mapped:
                         view = memoryview(mapped)
                         try:
-                            self._read_chunks(manifest, range(len(manifest.chunks)), view, 0)
+                            self.reader.read_chunks(manifest, range(len(manifest.chunks)), view, 0)
                         finally:
                             view.release()
             os.replace(partial, dest)
@@ -349,7 +317,7 @@ class FileStore:
                 os.unlink(partial)
         return manifest
 
-    def read_range(self, file: str | Manifest, offset: int, length: int, out: Any) -> int:
+    def read_range(self, file: str | Manifest, offset: int, length: int, out: BufferLike) -> int:
         """Read ``length`` bytes of ``file`` from ``offset`` into ``out``; the bytes read (fewer
         at the end of the file). ``file`` is a name (its current version) or a manifest from
         ``stat`` (that version: a reader of many ranges passes it, so they are of one version).
@@ -367,10 +335,11 @@ class FileStore:
         span_start = first * manifest.chunk_size
         span_end = min(manifest.size, (last + 1) * manifest.chunk_size)
         if span_start == offset and span_end == offset + length:
-            self._read_chunks(manifest, range(first, last + 1), target, span_start)
+            self.reader.read_chunks(manifest, range(first, last + 1), target, span_start)
         else:                             # partial chunks at the ends: read whole, then copy
             scratch = bytearray(span_end - span_start)
-            self._read_chunks(manifest, range(first, last + 1), memoryview(scratch), span_start)
+            self.reader.read_chunks(manifest, range(first, last + 1), memoryview(scratch),
+                                    span_start)
             target[:length] = scratch[offset - span_start:offset - span_start + length]
         return length
 
@@ -380,75 +349,11 @@ class FileStore:
             raise FileNotFoundError(f"no file {name!r} in GCache")
         return manifest
 
-    def _read_chunks(self, manifest: Manifest, indexes: range, out: memoryview,
-                     base: int) -> None:
-        """Chunks ``indexes`` of ``manifest`` into ``out``, whose first byte is file offset
-        ``base``; each checked against its digest. ``MissingRanges`` for those not read."""
-        items = []
-        for i in indexes:
-            start, length = manifest.chunk_span(i)
-            items.append((i, out[start - base:start - base + length]))
-        cacheable: list[tuple[int, memoryview]] = []
-        if self.host_cache is not None:
-            cacheable = [(i, v) for i, v in items
-                         if self.client.owner(chunk_key(manifest.chunks[i])) != self.host_server]
-            missed = self._read_host(manifest, cacheable)
-            hit = {i for i, _ in cacheable} - {i for i, _ in missed}
-            items = [(i, v) for i, v in items if i not in hit]
-            cacheable = missed
-        for copy in range(manifest.replicas):   # each copy read only for what is still missing
-            items = self._read_copy(manifest, copy, items)
-            if not items:
-                break
-        if cacheable:
-            lost = {i for i, _ in items}
-            self._fill_host(manifest, [(i, v) for i, v in cacheable if i not in lost])
-        if items:
-            raise MissingRanges(manifest, _merged([manifest.chunk_span(i) for i, _ in items]))
-
-    def _read_host(self, manifest: Manifest,
-                   items: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview]]:
-        """Chunks ``items`` from the host cache; those it did not have whole."""
-        assert self.host_cache is not None
-        missing = []
-        for batch in _batches(items, lambda item: len(item[1])):
-            got = self.host_cache.batch_get_into([host_key(manifest.chunks[i]) for i, _ in batch],
-                                                 [view for _, view in batch])
-            for (i, view), n in zip(batch, got):
-                if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
-                    missing.append((i, view))
-        return missing
-
-    def _fill_host(self, manifest: Manifest, items: list[tuple[int, memoryview]]) -> None:
-        """Copy chunks just read (and checked) into the host cache; best effort: a full or
-        absent host server only costs the next read the network."""
-        assert self.host_cache is not None
-        for batch in _batches(items, lambda item: len(item[1])):
-            self.host_cache.batch_put([host_key(manifest.chunks[i]) for i, _ in batch],
-                                      [view for _, view in batch], content_addressed=True)
-
-    def _read_copy(self, manifest: Manifest, copy: int,
-                   items: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview]]:
-        """Read copy ``copy`` of the chunks ``items`` (index, destination); those not read."""
-        missing = []
-        for batch in _batches(items, lambda item: len(item[1])):
-            if copy == 0:
-                keys, groups = [chunk_key(manifest.chunks[i]) for i, _ in batch], None
-            else:
-                keys = [replica_key(manifest.chunks[i], copy) for i, _ in batch]
-                groups = [replica_group(manifest.chunks[i], copy, manifest.placements[i][copy - 1])
-                          for i, _ in batch]
-            got = self.client.batch_get_into(keys, [view for _, view in batch], group=groups)
-            for (i, view), n in zip(batch, got):
-                if n != len(view) or xxhash.xxh3_128_hexdigest(view) != manifest.chunks[i]:
-                    missing.append((i, view))
-        return missing
-
     # ---- listing --------------------------------------------------------------------------------
 
     def manifests(self, prefix: str = "") -> list[Manifest]:
         """The current manifest of each name under ``prefix``, sorted by name."""
-        bases = sorted({_base(key, NAME_PREFIX) for key in self._listed(NAME_PREFIX)})
+        bases = sorted({base_of(key, NAME_PREFIX) for key in self._listed(NAME_PREFIX)})
         pointers = self._get_smalls([NAME_PREFIX + base for base in bases])
         digests = {p.decode(errors="replace") for p in pointers if p is not None}
         raws = self._get_smalls([manifest_key(d) for d in sorted(digests)])
@@ -462,7 +367,7 @@ class FileStore:
 
     def _all_manifests(self) -> dict[str, Manifest]:
         """Every manifest the servers hold (current and earlier versions), by digest."""
-        digests = sorted({_base(key, MANIFEST_PREFIX) for key in self._listed(MANIFEST_PREFIX)})
+        digests = sorted({base_of(key, MANIFEST_PREFIX) for key in self._listed(MANIFEST_PREFIX)})
         return {d: Manifest.from_bytes(raw)
                 for d, raw in zip(digests, self._get_smalls([manifest_key(d) for d in digests]),
                                   strict=True) if raw is not None}
@@ -493,31 +398,3 @@ def host_cache_client(client: Client) -> Client | None:
         return None
     config = client.config
     return Client([local[0]], token=config.token, transport="shm", timeout_s=config.timeout_s)
-
-
-def _base(key: str, prefix: str) -> str:
-    """The digest in a listed key of a name or manifest, or of one of its extra copies
-    (``<prefix><digest>/r<copy>``)."""
-    return key[len(prefix):].split("/", 1)[0]
-
-
-def _batches(items: Sequence[Any], size: Any) -> list[list[Any]]:
-    out: list[list[Any]] = [[]]
-    held = 0
-    for item in items:
-        if out[-1] and held + size(item) > BATCH_BYTES:
-            out.append([])
-            held = 0
-        out[-1].append(item)
-        held += size(item)
-    return [batch for batch in out if batch]
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for start, length in sorted(spans):
-        if out and out[-1][0] + out[-1][1] == start:
-            out[-1] = (out[-1][0], out[-1][1] + length)
-        else:
-            out.append((start, length))
-    return out

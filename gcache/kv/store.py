@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gcache.buffer import as_bytes
+from gcache.buffer import BufferLike, as_bytes
 from gcache.errors import InvalidRequest
 from gcache.kv import page_keys
 from gcache.kv.layer_buffers import KVSink, KVSource
@@ -257,7 +257,7 @@ class KVStore:
         return self._sized(source.read(layer, start, stop), layer, start, stop, writable=False,
                            what="KV")
 
-    def _sized(self, buffer: Any, layer: int, start: int, stop: int, *, writable: bool,
+    def _sized(self, buffer: BufferLike, layer: int, start: int, stop: int, *, writable: bool,
                what: str) -> memoryview:
         """``buffer`` as bytes (a memoryview, or a flat view of a CUDA tensor, which the SDK
         copies to and from the device itself), checked to hold exactly tokens

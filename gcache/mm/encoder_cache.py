@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-from gcache.buffer import as_bytes, is_tensor, nbytes
+from gcache.buffer import BufferLike, as_bytes, is_tensor, nbytes
 from gcache.errors import InvalidRequest
 from gcache.sdk import Client
 
@@ -57,7 +57,7 @@ class EncoderOutput(NamedTuple):
             return None
 
     @classmethod
-    def of(cls, value: Any) -> EncoderOutput:
+    def of(cls, value: BufferLike) -> EncoderOutput:
         """A tensor's dtype and shape; a plain buffer's length, as ``uint8``."""
         if is_tensor(value):
             return cls(str(value.dtype).removeprefix("torch."), tuple(value.shape))
@@ -117,13 +117,13 @@ class EncoderCache:
                                          group=[key for key in keys for _ in range(2)])
         return [found[2 * i] and found[2 * i + 1] for i in range(len(keys))]
 
-    def get_into(self, key: str, out: Any) -> bool:
+    def get_into(self, key: str, out: BufferLike) -> bool:
         """Read the output of ``key`` into ``out`` (a contiguous tensor of its dtype and
         shape, host or GPU); False on a miss, including a stored output of another dtype or
         shape (``out`` may then hold anything)."""
         return self.get_into_many([key], [out])[0]
 
-    def get_into_many(self, keys: Sequence[str], outs: Sequence[Any]) -> list[bool]:
+    def get_into_many(self, keys: Sequence[str], outs: Sequence[BufferLike]) -> list[bool]:
         if len(keys) != len(outs):
             raise InvalidRequest(f"get_into_many got {len(keys)} keys and {len(outs)} outs")
         descriptors = [bytearray(DESCRIPTOR_BYTES) for _ in keys]
@@ -184,6 +184,6 @@ def _descriptor(key: str) -> str:
     return f"{key}/d"
 
 
-def _size(value: Any) -> int:
+def _size(value: BufferLike) -> int:
     """Bytes of a tensor (host or GPU) or of a host buffer."""
     return nbytes(as_bytes(value, writable=False))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar, overload
 
-from gcache.buffer import nbytes
+from gcache.buffer import BufferLike, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, TransportError
 from gcache.frame import FLAG_PARENT, Status, with_parent
 from gcache.keys import group_hash
@@ -51,7 +51,7 @@ Held = tuple[Link, list[int], Sequence[Item | Miss]]
 Parents = Sequence[Sequence[bytes]] | None
 
 
-def batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups, *,
+def batch_put(d: Dispatcher, keys: list[bytes], values: list[BufferLike], group: Groups, *,
               chunk: int = PUT_CHUNK_KEYS, flags: int = 0,
               parents: Parents = None) -> list[bool]:
     """Store ``keys``, ``chunk`` at a time. Over shared memory or NIXL a value must be copied
@@ -86,7 +86,7 @@ def wire_keys(d: Dispatcher, address: str | None, keys: list[bytes],
     return [with_parent(k, p) for k, p in zip(keys, chosen)], flags | FLAG_PARENT
 
 
-def _batch_put(d: Dispatcher, keys: list[bytes], values: list[Any], group: Groups,
+def _batch_put(d: Dispatcher, keys: list[bytes], values: list[BufferLike], group: Groups,
                chunk: int, flags: int, parents: Parents) -> list[bool]:
     results = [False] * len(keys)
 
@@ -168,7 +168,7 @@ class _Notices:
         return landed
 
 
-def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any, retry: bool,
+def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: BufferLike, retry: bool,
              landed: Callable[[int, int], None]) -> int | Late | None:
     """One value's copy into the arena; None (counted as a miss) when it failed, ``LATE``
     (not counted) when its write window had passed and the batch will put it again."""
@@ -185,7 +185,7 @@ def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: Any, retry: bool,
         return None
 
 
-def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: Any) -> ReadResult | None:
+def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: BufferLike) -> ReadResult | None:
     """One value's copy out of the arena; None (counted as a miss) when the server named
     memory outside its arena, the transfer failed, or the server went during the copy."""
     try:
@@ -210,7 +210,7 @@ def _copy_failed(d: Dispatcher, link: Link, extent: Extent, exc: TransportError)
 
 
 def _finish_puts(d: Dispatcher, link: Link, idx: list[int],
-                 statuses: Sequence[WriteItem | Miss] | Miss, values: list[Any],
+                 statuses: Sequence[WriteItem | Miss] | Miss, values: list[BufferLike],
                  results: list[bool]) -> None:
     if isinstance(statuses, Miss):
         return                                    # the link is closed, the misses counted
@@ -221,7 +221,7 @@ def _finish_puts(d: Dispatcher, link: Link, idx: list[int],
         results[i] = put_outcome(d.stats, status, nbytes(values[i]))
 
 
-def read_one(d: Dispatcher, key: bytes, out: Any, group: bytes | None) -> Answer:
+def read_one(d: Dispatcher, key: bytes, out: BufferLike, group: bytes | None) -> Answer:
     """One key's read on its owner, over its link's exchange."""
     return call_staged(d, d.owner(key, group),
                        lambda x, ch: x.read(ch, key, out, verify=d.verifies(x)))
@@ -249,9 +249,9 @@ def _no_staging(d: Dispatcher, n_keys: int, exc: Exception) -> list[Miss]:
 def batch_read(d: Dispatcher, keys: list[bytes], outs: None,
                group: Groups) -> list[bytes | None]: ...
 @overload
-def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any],
+def batch_read(d: Dispatcher, keys: list[bytes], outs: list[BufferLike],
                group: Groups) -> list[int | None]: ...
-def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
+def batch_read(d: Dispatcher, keys: list[bytes], outs: list[BufferLike] | None,
                group: Groups) -> list[bytes | None] | list[int | None]:
     """Read ``keys`` into ``outs`` (lengths) or as bytes (``outs`` None); None for misses.
 
@@ -311,7 +311,7 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[Any] | None,
 
 
 def _read_copies(held: list[Held[ReadItem]],
-                 outs: list[Any] | None) -> list[tuple[Link, int, Extent, Any]]:
+                 outs: list[BufferLike] | None) -> list[tuple[Link, int, Extent, Any]]:
     """The copy jobs of a batch read's extents; InvalidRequest if an ``out`` is too small."""
     copies = []
     for link, idx, extents in held:

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
+from gcache.buffer import BufferLike, as_memoryview, is_cuda_tensor, nbytes
 from gcache.config import ClientConfig
 from gcache.errors import InvalidRequest, WrongType
 from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX, PARENT_MAX, Status
@@ -107,7 +107,7 @@ class Client:
 
     # ---- arguments ------------------------------------------------------------------------------
 
-    def _value(self, value: Any, what: str = "value") -> Any:
+    def _value(self, value: BufferLike, what: str = "value") -> Any:
         """A flat byte view of ``value`` (or the CUDA tensor itself), size-checked."""
         if is_cuda_tensor(value):
             after_callers_work(value)
@@ -124,7 +124,7 @@ class Client:
         return view
 
     @staticmethod
-    def _out(out: Any, what: str = "out") -> Any:
+    def _out(out: BufferLike, what: str = "out") -> Any:
         if is_cuda_tensor(out):
             after_callers_work(out)          # its kernels still reading what is overwritten
             return out
@@ -147,7 +147,7 @@ class Client:
 
     # ---- single-key operations ----------------------------------------------------------------
 
-    def put(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
+    def put(self, key: KeyLike, value: BufferLike, *, group: KeyLike | None = None,
             content_addressed: bool = False, pinned: bool = False,
             parent: ParentLike = None) -> bool:
         """Store ``value`` under ``key``; False when it could not be stored (counted).
@@ -170,14 +170,14 @@ class Client:
         return self._put(validate_key(key), self._value(value), self._group(group),
                          _flags(content_addressed, pinned), _parent(parent, "parent"))
 
-    def put_async(self, key: KeyLike, value: Any, *, group: KeyLike | None = None,
+    def put_async(self, key: KeyLike, value: BufferLike, *, group: KeyLike | None = None,
                   content_addressed: bool = False, pinned: bool = False,
                   parent: ParentLike = None) -> Future[bool]:
         raw, view = validate_key(key), self._value(value)
         return self._d.submit(self._put, raw, view, self._group(group),
                               _flags(content_addressed, pinned), _parent(parent, "parent"))
 
-    def _put(self, key: bytes, value: Any, group: bytes | None, flags: int,
+    def _put(self, key: bytes, value: BufferLike, group: bytes | None, flags: int,
              parent: list[bytes] | None = None) -> bool:
         self._stats.request("put")
 
@@ -201,14 +201,15 @@ class Client:
     def get_async(self, key: KeyLike, *, group: KeyLike | None = None) -> Future[bytes | None]:
         return self._d.submit(self._get, validate_key(key), self._group(group))
 
-    def get_into(self, key: KeyLike, out: Any, *, group: KeyLike | None = None) -> int | None:
+    def get_into(self, key: KeyLike, out: BufferLike, *,
+                 group: KeyLike | None = None) -> int | None:
         """Read ``key`` into ``out``; the number of bytes written, or None on a miss.
 
         Raises ValueError when ``out`` is smaller than the value.
         """
         return self._get_into(validate_key(key), self._out(out), self._group(group))
 
-    def get_into_async(self, key: KeyLike, out: Any, *,
+    def get_into_async(self, key: KeyLike, out: BufferLike, *,
                        group: KeyLike | None = None) -> Future[int | None]:
         raw, target = validate_key(key), self._out(out)
         return self._d.submit(self._get_into, raw, target, self._group(group))
@@ -220,7 +221,7 @@ class Client:
         return read_outcome(self._stats, batch.read_one(self._d, key, None, group),
                             want_bytes=True)
 
-    def _get_into(self, key: bytes, out: Any, group: bytes | None) -> int | None:
+    def _get_into(self, key: bytes, out: BufferLike, group: bytes | None) -> int | None:
         self._stats.request("get")
         return read_outcome(self._stats, batch.read_one(self._d, key, out, group),
                             want_bytes=False)
@@ -246,7 +247,7 @@ class Client:
 
     # ---- batches: one request per server, servers in parallel ----------------------------------
 
-    def batch_put(self, keys: Sequence[KeyLike], values: Sequence[Any], *,
+    def batch_put(self, keys: Sequence[KeyLike], values: Sequence[BufferLike], *,
                   group: BatchGroup = None, content_addressed: bool = False,
                   pinned: bool = False,
                   parents: Sequence[ParentLike] | None = None) -> list[bool]:
@@ -266,7 +267,7 @@ class Client:
         raw = [validate_key(k) for k in keys]
         return batch.batch_read(self._d, raw, None, self._groups(group, len(raw)))
 
-    def batch_get_into(self, keys: Sequence[KeyLike], outs: Sequence[Any], *,
+    def batch_get_into(self, keys: Sequence[KeyLike], outs: Sequence[BufferLike], *,
                        group: BatchGroup = None) -> list[int | None]:
         raw = [validate_key(k) for k in keys]
         if len(raw) != len(outs):
@@ -316,7 +317,7 @@ class Client:
 
     # ---- NIXL ---------------------------------------------------------------------------------
 
-    def register_buffer(self, buffer: Any) -> bool:
+    def register_buffer(self, buffer: BufferLike) -> bool:
         """Register ``buffer`` (host memory, or a CUDA tensor as VRAM) for NIXL once, so that
         reads into it and writes from it move without a bounce copy: a GPU host's KV goes
         straight between the NIC and GPU memory. The client holds a reference to ``buffer``
@@ -325,7 +326,7 @@ class Client:
         (``transport`` tcp or shm, or auto on a host without an RDMA NIC)."""
         return self._d.routes.register_buffer(buffer)
 
-    def unregister_buffer(self, buffer: Any) -> bool:
+    def unregister_buffer(self, buffer: BufferLike) -> bool:
         """Undo ``register_buffer(buffer)`` and drop the client's reference to it (reads into
         it and writes from it then go through bounce buffers); False when it was not
         registered. Do not unregister a buffer that an operation is still using."""

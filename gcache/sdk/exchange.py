@@ -18,8 +18,9 @@ pinned staging in time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from gcache.buffer import BufferLike
 from gcache.frame import Status
 from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.leases import Extent
@@ -33,33 +34,33 @@ class Exchange(Protocol):
     name: str                    # "tcp", "shm" or "nixl": what stats and logs call the route
     reads_arena: bool            # reads copy out of the server's arena (not from its replies)
 
-    def read(self, ch: Channel, key: bytes, out: Any, *,
+    def read(self, ch: Channel, key: bytes, out: BufferLike, *,
              verify: bool) -> ReadResult | Status | None:
         """One key into ``out`` (a writable byte view, a CUDA tensor, or None for a new
         buffer). None when absent, NO_SPACE when on disk with no room to bring it up now;
         InvalidRequest for an ``out`` smaller than the value."""
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+    def write(self, ch: Channel, key: bytes, value: BufferLike, *, group: int,
               flags: int = 0) -> Status:
         """One value (``flags``: the put's, ``FLAG_CONTENT_ADDRESSED``); OK, NO_SPACE or
         CHECKSUM_MISMATCH."""
 
     # A Sequence (covariant), not a list: a leasing exchange returns only its narrower items.
-    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[BufferLike] | None, *,
                     verify: bool) -> Sequence[ReadItem]:
         """A batch read's first phase: per key a result, or an Extent for ``copy_out``."""
 
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool:
         """One leased value into ``out``; False when its checksum does not hold."""
 
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         """Let go of the leases ``start_reads`` took (no reply awaited)."""
 
-    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
+    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[BufferLike], *,
                      group: int, flags: int = 0) -> list[WriteItem]:
         """A batch write's first phase: per key a final status, or an Extent for ``copy_in``."""
 
-    def copy_in(self, extent: Extent, value: Any,
+    def copy_in(self, extent: Extent, value: BufferLike,
                 landed: Callable[[int, int], None] | None = None, *,
                 ahead: AheadHash | None = None) -> int:
         """One value into its allocated extent; its checksum (finishing ``ahead``, the hash

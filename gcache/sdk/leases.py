@@ -21,9 +21,9 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from gcache.buffer import is_cuda_tensor, nbytes
+from gcache.buffer import BufferLike, is_cuda_tensor, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, ProtocolError
 from gcache.frame import (
     FLAG_IN_PLACE,
@@ -68,7 +68,7 @@ def check_window(extent: Extent) -> None:
         raise WriteWindowPassed(f"{extent.length}-byte write outlived its lease window")
 
 
-def copy_held(conn: StreamConnection, extent: Extent, out: Any) -> bool:
+def copy_held(conn: StreamConnection, extent: Extent, out: BufferLike) -> bool:
     """Whether an unhashed copy of a leased value landed the value's bytes: raises
     ConnectionLost when the server is gone (it may have died during the copy, and a server
     restarted on the same arena may have given the extent to a new value), and hashes what
@@ -86,10 +86,10 @@ def copy_held(conn: StreamConnection, extent: Extent, out: Any) -> bool:
 class CopiesOut(Protocol):
     """The part of an ``Exchange`` that ``copied`` drives (that module imports this one)."""
 
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool: ...
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool: ...
 
 
-def copied(exchange: CopiesOut, conn: StreamConnection, extent: Extent, out: Any, *,
+def copied(exchange: CopiesOut, conn: StreamConnection, extent: Extent, out: BufferLike, *,
            verify: bool) -> bool:
     """``exchange.copy_out`` of a leased value; unhashed, it holds only if ``copy_held``."""
     ok = exchange.copy_out(extent, out, verify=verify)
@@ -231,18 +231,18 @@ class LeasedExchange(ABC):
     reads_arena = True
 
     @abstractmethod
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool:
         """One leased value into ``out``; False when its checksum does not hold."""
 
     @abstractmethod
-    def copy_in(self, extent: Extent, value: Any,
+    def copy_in(self, extent: Extent, value: BufferLike,
                 landed: Callable[[int, int], None] | None = None, *,
                 ahead: AheadHash | None = None) -> int:
         """One value into its allocated extent; its checksum (finishing ``ahead``, the hash
         the caller began, where given). ``landed(start, size)`` is called as each piece has
         landed."""
 
-    def read(self, ch: Channel, key: bytes, out: Any, *,
+    def read(self, ch: Channel, key: bytes, out: BufferLike, *,
              verify: bool) -> ReadResult | Status | None:
         """LEASE, copy, RELEASE."""
         extent = lease(ch, key, window_s=self.lease_window_s)
@@ -256,7 +256,7 @@ class LeasedExchange(ABC):
             release(ch, [extent.handle])
         return ReadResult(target, extent.length, ok)
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+    def write(self, ch: Channel, key: bytes, value: BufferLike, *, group: int,
               flags: int = 0) -> Status:
         """ALLOC, copy, COMMIT. A host value is hashed while the ALLOC is in flight, up to
         its reply (``AheadHash``), and the copy hashes the rest as it goes (a GPU value is
@@ -275,14 +275,14 @@ class LeasedExchange(ABC):
                               ahead=ahead)
         return commit(ch, extent.handle, digest)
 
-    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[BufferLike] | None, *,
                     verify: bool) -> list[Extent | Status | None]:
         return lease_many(ch, keys, window_s=self.lease_window_s)
 
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         release(ch, handles)
 
-    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
+    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[BufferLike], *,
                      group: int, flags: int = 0) -> list[Extent | Status]:
         return alloc_many(ch, keys, [nbytes(v) for v in values], group=group, flags=flags,
                           window_s=self.lease_window_s)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gcache.buffer import is_cuda_tensor
+from gcache.buffer import BufferLike, is_cuda_tensor
 from gcache.errors import ProtocolError
 from gcache.keys import checksum_stream
 from gcache.sdk.ahead_hash import AheadHash
@@ -51,7 +51,7 @@ class NixlExchange(LeasedExchange):
         self._io_size, self._timeout_s = io_size, timeout_s
         self._staging = staging
 
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool:
         remote = self._remote_of(extent)
         if not is_cuda_tensor(out):
             return self._read_host(remote, extent, out, verify)
@@ -68,7 +68,7 @@ class NixlExchange(LeasedExchange):
         from gcache.transport.cuda import cuda_digest
         return cuda_digest(out, extent.length) == extent.checksum
 
-    def copy_in(self, extent: Extent, value: Any,
+    def copy_in(self, extent: Extent, value: BufferLike,
                 landed: Callable[[int, int], None] | None = None, *,
                 ahead: AheadHash | None = None) -> int:
         remote = self._remote_of(extent)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
 from typing import TYPE_CHECKING, Any
 
-from gcache.buffer import as_memoryview, is_cuda_tensor, nbytes
+from gcache.buffer import BufferLike, as_memoryview, is_cuda_tensor, nbytes
 from gcache.errors import ConnectFailed, InvalidRequest, ProtocolError
 from gcache.sdk.nixl_exchange import NixlExchange
 
@@ -99,13 +99,13 @@ class NixlPeers:
                 self._adding.pop(exchange.metadata, None)
             exchange.agent.forget_remote(exchange.metadata)
 
-    def register(self, buffer: Any) -> None:
+    def register(self, buffer: BufferLike) -> None:
         """Register ``buffer`` with this client's agent (once; a part of a registered buffer
         is registered already). The agent keeps ``buffer`` alive until ``unregister``."""
         agent, _ = self._started()
         agent.register(_region_of(buffer), owner=buffer)
 
-    def unregister(self, buffer: Any) -> bool:
+    def unregister(self, buffer: BufferLike) -> bool:
         """Undo ``register(buffer)``; False when ``buffer`` itself was never registered (a part
         of a registered buffer is not: the whole is unregistered with the whole)."""
         with self._lock:
@@ -139,7 +139,7 @@ class NixlPeers:
                         "answer", CLOSE_WAIT_S)
 
 
-def _region_of(buffer: Any) -> Region:
+def _region_of(buffer: BufferLike) -> Region:
     from gcache.transport.nixl import Region
     if is_cuda_tensor(buffer):
         from gcache.transport.cuda import cuda_address

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gcache.buffer import BufferLike
 from gcache.errors import ConnectFailed, ProtocolError
 from gcache.sdk.exchange import Exchange
 from gcache.sdk.nixl_peers import NixlPeers
@@ -121,7 +122,7 @@ class Routes:
     def is_shm(self, address: str) -> bool:
         return self.transport_of(address) == "shm"
 
-    def register_buffer(self, buffer: Any) -> bool:
+    def register_buffer(self, buffer: BufferLike) -> bool:
         """Register ``buffer`` for NIXL transfers when this client may use NIXL; False (and
         nothing done) when it never will (another transport, or NIXL not installed here)."""
         if not self._may_use_nixl():
@@ -129,7 +130,7 @@ class Routes:
         self._nixl.register(buffer)
         return True
 
-    def unregister_buffer(self, buffer: Any) -> bool:
+    def unregister_buffer(self, buffer: BufferLike) -> bool:
         """Undo ``register_buffer``; False when ``buffer`` was not registered."""
         return self._may_use_nixl() and self._nixl.unregister(buffer)
 

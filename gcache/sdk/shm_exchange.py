@@ -14,9 +14,8 @@ its IO threads in parallel.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from gcache.buffer import is_cuda_tensor
+from gcache.buffer import BufferLike, is_cuda_tensor
 from gcache.keys import HASH_PIECE, checksum_stream
 from gcache.sdk.ahead_hash import AheadHash
 from gcache.sdk.leases import Extent, LeasedExchange, check_window
@@ -31,7 +30,7 @@ class ShmExchange(LeasedExchange):
         self.mapping = mapping
         self.lease_window_s = mapping.lease_window_s
 
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool:
         """Copy a leased value into ``out``; False when its checksum does not hold."""
         hasher = checksum_stream() if verify else None
         if is_cuda_tensor(out):
@@ -40,7 +39,7 @@ class ShmExchange(LeasedExchange):
             self.mapping.read_into(extent.offset, out[:extent.length], hasher)
         return hasher is None or hasher.intdigest() == extent.checksum
 
-    def copy_in(self, extent: Extent, value: Any,
+    def copy_in(self, extent: Extent, value: BufferLike,
                 landed: Callable[[int, int], None] | None = None, *,
                 ahead: AheadHash | None = None) -> int:
         """Copy ``value`` into an allocated extent, calling ``landed(start, size)`` after each

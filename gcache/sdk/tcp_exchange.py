@@ -5,8 +5,9 @@ through the client's pinned staging (``TcpStaged``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gcache.buffer import BufferLike
 from gcache.errors import ProtocolError
 from gcache.frame import Status
 from gcache.keys import checksum
@@ -29,19 +30,19 @@ class TcpExchange:
         self._io_size = io_size
         self._staging = staging
 
-    def read(self, ch: Channel, key: bytes, out: Any, *,
+    def read(self, ch: Channel, key: bytes, out: BufferLike, *,
              verify: bool) -> ReadResult | Status | None:
         with TcpStaged(self._staging) as staged:
             target = staged.target(out)
             return staged.land(target, protocol.read_value(ch, key, target, verify=verify))
 
-    def write(self, ch: Channel, key: bytes, value: Any, *, group: int,
+    def write(self, ch: Channel, key: bytes, value: BufferLike, *, group: int,
               flags: int = 0) -> Status:
         with TcpStaged(self._staging) as staged:
             return protocol.put(ch, key, staged.value(value), io_size=self._io_size, group=group,
                                 flags=flags)
 
-    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[Any] | None, *,
+    def start_reads(self, ch: Channel, keys: Sequence[bytes], outs: Sequence[BufferLike] | None, *,
                     verify: bool) -> list[ReadItem]:
         with TcpStaged(self._staging) as staged:
             targets = None if outs is None else \
@@ -50,7 +51,7 @@ class TcpExchange:
             return list(found) if targets is None else \
                 [staged.land(t, r) for t, r in zip(targets, found)]
 
-    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[Any], *,
+    def start_writes(self, ch: Channel, keys: Sequence[bytes], values: Sequence[BufferLike], *,
                      group: int, flags: int = 0) -> list[WriteItem]:
         with TcpStaged(self._staging) as staged:
             sent = [staged.value(v, f"values[{i}]") for i, v in enumerate(values)]
@@ -58,13 +59,13 @@ class TcpExchange:
                                            group=group, flags=flags))
 
     # TCP returns no extents, so a batch never gets here; a call would be a bug of ours.
-    def copy_out(self, extent: Extent, out: Any, *, verify: bool) -> bool:
+    def copy_out(self, extent: Extent, out: BufferLike, *, verify: bool) -> bool:
         raise ProtocolError("a TCP exchange has no extents to copy out of")
 
     def end_reads(self, ch: Channel, handles: Sequence[int]) -> None:
         """Nothing is leased over TCP: values came with the reply."""
 
-    def copy_in(self, extent: Extent, value: Any,
+    def copy_in(self, extent: Extent, value: BufferLike,
                 landed: Callable[[int, int], None] | None = None, *,
                 ahead: AheadHash | None = None) -> int:
         raise ProtocolError("a TCP exchange has no extents to copy into")

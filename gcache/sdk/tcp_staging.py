@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gcache.buffer import as_memoryview, is_cuda_tensor
+from gcache.buffer import BufferLike, as_memoryview, is_cuda_tensor
 from gcache.sdk.protocol import ReadResult
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class TcpStaged:
             self._staging().give(host)
         self._hosts, self._targets = [], {}
 
-    def value(self, value: Any, what: str = "value") -> Any:
+    def value(self, value: BufferLike, what: str = "value") -> Any:
         """``value`` itself, or for a CUDA tensor a host copy of it."""
         if not is_cuda_tensor(value):
             return value
@@ -39,7 +39,7 @@ class TcpStaged:
         self._hosts.append(host)
         return as_memoryview(host, writable=False, what=what)
 
-    def target(self, out: Any, what: str = "out") -> Any:
+    def target(self, out: BufferLike, what: str = "out") -> Any:
         """``out`` itself, or for a CUDA tensor a host buffer to receive into."""
         if not is_cuda_tensor(out):
             return out
@@ -49,7 +49,7 @@ class TcpStaged:
         self._targets[id(view)] = (host, out)
         return view
 
-    def land(self, target: Any, result: R) -> R:
+    def land(self, target: BufferLike, result: R) -> R:
         """After a read into ``target``: a CUDA out gets its bytes (checksum good only)."""
         staged = self._targets.get(id(target))
         if staged is not None and isinstance(result, ReadResult) and result.checksum_ok:

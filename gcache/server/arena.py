@@ -26,11 +26,9 @@ first touches cost about 10x a warm copy on these machines and must not land on 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import mmap
 import os
-import struct
 import uuid
 from array import array
 from collections.abc import Iterator
@@ -43,45 +41,12 @@ from gcache.errors import ConfigError
 from gcache.eviction import FREE, NEVER_WRITTEN, Candidate, is_young
 from gcache.record_layout import SPAN_HEADER_BYTES, span_segments
 from gcache.server.huge_pages import advise_huge_pages
+from gcache.server.span_header import write_span_header
 
 log = logging.getLogger(__name__)
 ARENA_DIR = "/dev/shm"
-SPAN = struct.Struct("<IIQQQ")       # magic, segments, claim record seq, age, check
-SPAN_MAGIC = 0x32475347              # b"GSG2"
-SPAN_V2 = struct.Struct("<IIQQ")     # b"GSEG" (format 2): one copy, no check
-SPAN_MAGIC_V2 = 0x47455347
-_SPAN_CHECKED = struct.Struct("<IQQ")
 SECRET_BYTES = 32                    # the header checks' key, in ``<arena>.key`` (0600)
 PAGE = 4096
-
-
-def _span_check(secret: bytes, span: int, claim_seq: int, age: int) -> int:
-    digest = hashlib.blake2b(_SPAN_CHECKED.pack(span, claim_seq, age), digest_size=8,
-                             key=secret, person=b"gcache-span").digest()
-    return int.from_bytes(digest, "little")
-
-
-def write_span_header(view: memoryview, offset: int, secret: bytes, *, span: int,
-                      claim_seq: int, age: int) -> None:
-    """Two checked copies of a span's header, so one flipped byte cannot lose the span."""
-    check = _span_check(secret, span, claim_seq, age)
-    for copy in (0, SPAN.size):
-        SPAN.pack_into(view, offset + copy, SPAN_MAGIC, span, claim_seq, age, check)
-
-
-def read_span_header(view: memoryview, offset: int, secret: bytes) -> tuple[int, int, int] | None:
-    """(segments, claim seq, age) from the first copy that passes its check, or None."""
-    for copy in (0, SPAN.size):
-        magic, span, claim_seq, age, check = SPAN.unpack_from(view, offset + copy)
-        if magic == SPAN_MAGIC and check == _span_check(secret, span, claim_seq, age):
-            return span, claim_seq, age
-    return None
-
-
-def read_span_header_v2(view: memoryview, offset: int) -> tuple[int, int, int] | None:
-    """(segments, claim seq, age) of a format 2 span, or None."""
-    magic, span, claim_seq, age = SPAN_V2.unpack_from(view, offset)
-    return (span, claim_seq, age) if magic == SPAN_MAGIC_V2 else None
 
 
 def load_or_create_secret(arena_path: str, *, attached: bool) -> tuple[bytes, bool]:

@@ -1,5 +1,5 @@
 """The hot tier's ``Lease`` and ``Write``: a read or a write in flight, as an object that knows
-its handle and gives itself back.
+its handle and gives itself back; and the tier's ``Hold`` of the span each one keeps.
 
 Each is a thin face over the tier's hold of the span (``tier.HotTier``): the tier keeps the
 holds (so its upkeep can reap the expired ones, and STAT can count them), these objects carry the
@@ -9,12 +9,28 @@ object is given back: an exported view would keep the arena from unmapping).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gcache.keys import Hasher
 from gcache.server.tier_protocol import Entry, Fill
 
 if TYPE_CHECKING:
     from gcache.server.tier import HotTier
+
+
+@dataclass(slots=True)
+class Hold:
+    """A lease or a write in flight, holding its span."""
+
+    entry: Entry
+    expires_s: float           # time.monotonic() deadline
+    pending: bool              # a write in flight (True) or a read lease (False)
+    hasher: Hasher | None = None   # running xxh3 of in-order writes; None once order is lost
+    hashed: int = 0            # bytes covered (or claimed) by ``hasher``
+    hashing: bool = False      # a write feeding ``hasher`` is in flight
+    writers: int = 0           # receives into the extent in progress (``write_target`` taken)
+    expired: bool = False      # the TTL passed during a receive: dropped when it ends
 
 
 class HotLease:

@@ -14,11 +14,14 @@ pointing a key somewhere (not thread-safe: the tier's lock guards it):
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 from gcache.server import record
 from gcache.server.arena import Arena, Segment
 from gcache.server.record_table import RecordTable
+
+STRIDE = 4096           # records a listing reads per hold of the lock
 
 
 class Index:
@@ -73,3 +76,17 @@ class Index:
     def records(self) -> list[int]:
         """Every record the index names (a snapshot)."""
         return self.table.records()
+
+    def keys_with_groups(self, lock: threading.Lock) -> list[tuple[bytes, int]]:
+        """Every key named with its placement-group hash (a snapshot, for a drain), taking
+        ``lock`` (the tier's) itself: the records are listed at once and read ``STRIDE`` at a
+        time (ten million headers in one hold of the lock would stall every request for
+        seconds); a record superseded or reclaimed in between is left out."""
+        with lock:
+            offsets = self.records()
+        out: list[tuple[bytes, int]] = []
+        for first in range(0, len(offsets), STRIDE):
+            with lock:
+                found = [record.read(self.arena.view, o) for o in offsets[first:first + STRIDE]]
+            out.extend((f.key, f.group) for f in found if f.state == record.STATE_COMMITTED)
+        return out

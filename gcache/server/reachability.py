@@ -21,9 +21,7 @@ from collections.abc import Callable
 
 from gcache.server import record
 from gcache.server.arena import Arena
-from gcache.server.index import Index
-
-STRIDE = 4096            # records read per hold of the lock
+from gcache.server.index import STRIDE, Index
 
 
 class Reachability:

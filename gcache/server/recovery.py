@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from gcache.keys import checksum
 from gcache.record_layout import SPAN_HEADER_BYTES, record_size, value_offset
 from gcache.server import record
-from gcache.server.arena import Arena, read_span_header, read_span_header_v2, write_span_header
+from gcache.server.arena import Arena
 from gcache.server.index import Index
+from gcache.server.span_header import read_span_header, read_span_header_v2, write_span_header
 
 log = logging.getLogger(__name__)
 

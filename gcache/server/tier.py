@@ -28,14 +28,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
 from gcache.keys import Hasher, checksum, checksum_stream
 from gcache.record_layout import record_size, value_offset
 from gcache.server import record
 from gcache.server.arena import ARENA_DIR, Arena, Segment
-from gcache.server.handles import HotLease, HotWrite
+from gcache.server.handles import Hold, HotLease, HotWrite
 from gcache.server.index import Index
 from gcache.server.keep import Keep
 from gcache.server.reachability import Reachability
@@ -47,20 +46,6 @@ from gcache.server.tier_protocol import Copied, Entry, Stored
 log = logging.getLogger(__name__)
 
 PUT_MANY_STRIDE = 64     # values ``put_many`` stores (``read_many`` reads) per hold of the lock
-
-
-@dataclass(slots=True)
-class Hold:
-    """A lease or a write in flight, holding its span."""
-
-    entry: Entry
-    expires_s: float           # time.monotonic() deadline
-    pending: bool              # a write in flight (True) or a read lease (False)
-    hasher: Hasher | None = None   # running xxh3 of in-order writes; None once order is lost
-    hashed: int = 0            # bytes covered (or claimed) by ``hasher``
-    hashing: bool = False      # a write feeding ``hasher`` is in flight
-    writers: int = 0           # receives into the extent in progress (``write_target`` taken)
-    expired: bool = False      # the TTL passed during a receive: dropped when it ends
 
 
 class HotTier:
@@ -371,19 +356,8 @@ class HotTier:
     # ---- listing ----------------------------------------------------------------------------
 
     def keys_with_groups(self) -> list[tuple[bytes, int]]:
-        """Every key in memory with its placement-group hash (a snapshot, for a drain): the
-        records are listed at once and read ``PUT_MANY_STRIDE * 64`` at a time (ten million
-        headers in one hold of the lock would stall every request for seconds); a record
-        superseded or reclaimed in between is left out."""
-        with self._lock:
-            offsets = self.index.records()
-        out: list[tuple[bytes, int]] = []
-        stride = PUT_MANY_STRIDE * 64
-        for first in range(0, len(offsets), stride):
-            with self._lock:
-                found = [record.read(self.arena.view, o) for o in offsets[first:first + stride]]
-            out.extend((f.key, f.group) for f in found if f.state == record.STATE_COMMITTED)
-        return out
+        """Every key in memory with its placement-group hash (a snapshot, for a drain)."""
+        return self.index.keys_with_groups(self._lock)
 
     def pinned_keys(self, prefix: bytes, *, after: bytes = b"", limit: int) -> list[bytes]:
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gcache.buffer import device_bytes
+from gcache.buffer import BufferLike, device_bytes
 from gcache.errors import DeviceError
 from gcache.keys import Hasher, checksum
 from gcache.transport.shm import ArenaMapping
@@ -48,7 +48,7 @@ def _host_view(mapping: ArenaMapping, offset: int, length: int) -> Any:
     return torch.from_numpy(mapping.array[offset:offset + length])
 
 
-def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
+def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: BufferLike,
                    hasher: Hasher | None) -> None:
     """Copy arena bytes ``[offset, offset+length)`` into the CUDA tensor ``out``."""
     _register(mapping)
@@ -59,7 +59,7 @@ def read_into_cuda(mapping: ArenaMapping, offset: int, length: int, out: Any,
     device_bytes(out, what="out")[:length].copy_(source, non_blocking=False)
 
 
-def write_from_cuda(mapping: ArenaMapping, offset: int, value: Any,
+def write_from_cuda(mapping: ArenaMapping, offset: int, value: BufferLike,
                     hasher: Hasher | None) -> None:
     """Copy the CUDA tensor ``value`` into the arena at ``offset``."""
     _register(mapping)

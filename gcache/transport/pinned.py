@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gcache.buffer import BufferLike
 from gcache.errors import GCacheError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class PinnedPool:
         self._pending = still
 
 
-def _run_hook(hook: Callable[[Any], object] | None, buffer: Any, what: str) -> None:
+def _run_hook(hook: Callable[[Any], object] | None, buffer: BufferLike, what: str) -> None:
     if hook is None:
         return
     try:

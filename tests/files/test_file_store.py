@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 
 from gcache.errors import InvalidRequest
 from gcache.files import FileStore, Manifest, MissingRanges, host_cache_client
-from gcache.files.store import chunk_key, name_key, replica_group, replica_key
+from gcache.files.file_keys import chunk_key, name_key, replica_group, replica_key
 from gcache.sdk import Client
 from tests.helpers import wait_until
 

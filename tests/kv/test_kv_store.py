@@ -1,7 +1,6 @@
 """KVStore on a real local cluster: byte-exact save and load of only what the rules keep,
 window-safe matches, layer-by-layer completion, and the storage-size target."""
 
-import itertools
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from gcache.errors import InvalidRequest
 from gcache.kv import KVStore, LayerArrays, ModelLayout, page_keys, tail_span
 from gcache.kv.policy import Pressure
 from gcache.sdk import Client
+from gcache.sdk.fill import Fill
 from tests.kv.layouts import all_sliding, full_attention, hybrid
 
 
@@ -186,17 +186,31 @@ def test_bad_inputs_are_refused_with_the_rule(kv_client):
             store.save(tokens, LayerArrays(layout, arrays), layers=[7])
 
 
-def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_client,
-                                                                              monkeypatch):
+class EvictingAfterFirstLook:
+    """A real client whose fill reading shows a roomy cluster the first time and evictions
+    from then on (the pressure changes between an engine's per-layer saves)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client, self.looks = client, 0
+
+    def fill(self) -> Fill:
+        self.looks += 1
+        return Fill(used_bytes=1, capacity_bytes=1 << 30, evicted_objects=self.looks - 1,
+                    servers=1)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_layer_by_layer_save_writes_the_same_tails_in_every_sliding_layer(kv_client):
     # An engine saves one layer at a time; the pressure reading may change between layers.
     # Tails chosen per layer would then differ between sliding layers, and a tail that one of
     # them lacks is never confirmed by a probe, though it is the costliest object stored.
     layout = hybrid(window=128, page=64, model="plan")
     n_pages = 20
     tokens, src = tokens_of(n_pages * 64, 9), kv_arrays(layout, n_pages * 64)
-    with KVStore(kv_client, layout, policy="adaptive") as store:
-        readings = itertools.cycle([Pressure.ROOMY, Pressure.EVICTING])
-        monkeypatch.setattr(store, "_pressure", lambda: next(readings))
+    reader = EvictingAfterFirstLook(kv_client)
+    with KVStore(reader, layout, policy="adaptive", pressure_poll_s=0.0) as store:
         under = {p: store.policy.tail_boundaries(n_pages, shared_pages=0, hit_pages=0,
                                                  pressure=p)
                  for p in (Pressure.ROOMY, Pressure.EVICTING)}

@@ -18,7 +18,7 @@ from gcache.cli.local_cluster import LocalCluster
 from gcache.errors import ConfigError
 from gcache.files import FileStore
 from gcache.files.directory import DirectoryChanged, push_directory
-from gcache.files.store import chunk_key, host_key
+from gcache.files.file_keys import chunk_key, host_key
 from gcache.sdk import Client
 from gcache_vllm.loader import GCacheWeights, file_store, loader_settings, register
 
