@@ -7,8 +7,9 @@ turn would pay one round trip per layer before a request could start. ``LayeredP
 exactly that to ``EnginePages``, whose keys, namespaces, generations and unreadable-part drops
 it reuses: each layer of each pool is an ``EnginePages`` pool of its own (declared by the
 caller with ``pages.add_pool``), ``present`` asks for every part of every named pool of each
-page in one ``batch_exists``, and ``write`` stores many pools' pages with one existence check
-and one ``batch_put``. Reading one layer is ``EnginePages.read`` of that layer's pool.
+page in one ``batch_exists``, ``write`` stores many pools' pages with one existence check and one
+``batch_put``, and ``drop`` deletes a page that failed to load in every layer. Reading one layer
+is ``EnginePages.read`` of that layer's pool.
 
 Placement: each page's parts travel with the page's own key as their group (or the caller's
 group), so the objects of one page sit on one placement group and a page is checked, written
@@ -123,3 +124,20 @@ class LayeredPages:
         placed = [self._group(k, None if groups is None else groups[i])
                   for i, k in enumerate(page_keys)]
         return self.pages.read(pool, page_keys, parts, group=placed)
+
+    def drop(self, pools: Sequence[tuple[str, int]], page_keys: Sequence[str], *,
+             groups: Sequence[str | None] | None = None) -> int:
+        """Delete every part of every ``(pool, n_parts)`` of these pages; how many deletes
+        were answered. A page one of whose layers could not be read is in an unknown state in
+        the others (a layer load stops at its first failed layer); left in place, its stored
+        layers would make the engine's next save skip them while the page stays unreadable."""
+        gen = self.pages.generation()
+        dropped = 0
+        for i, page_key in enumerate(page_keys):
+            group = self._group(page_key, None if groups is None else groups[i])
+            for pool, n_parts in pools:
+                for part in range(n_parts):
+                    key = self.pages.object_key(pool, page_key, part, gen)
+                    dropped += bool(self.client.delete(key, group=group))
+        return dropped
+

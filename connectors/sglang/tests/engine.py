@@ -16,7 +16,8 @@ import urllib.request
 from engine_testing.shm import GroupFiles, names
 
 from gcache.cli.ports import free_port
-from gcache.server.arena import ALIGN, RECORD, RECORD_MAGIC, STATE_COMMITTED, value_offset
+from gcache.record_layout import ALIGN, value_offset
+from gcache.server.record import PARENT_SHIFT, RECORD, RECORD_MAGIC, STATE_COMMITTED
 
 BACKEND = {"backend_name": "gcache", "module_path": "gcache_sglang.storage",
            "class_name": "GCacheHiCacheStorage", "interface_v1": 1,
@@ -26,12 +27,15 @@ ADMIN_KEY = "gcache-test-admin"
 
 class Engine:
     """``python -m sglang.launch_server`` on CPU with HiCache (and, unless ``attach_later``,
-    our backend). Its log is kept for the test's asserts."""
+    our backend), or, given ``linker`` (the ``--unified-cache-external-linker-config``
+    object), with no HiCache and GCache as its external cache linker. Its log is kept for the
+    test's asserts."""
 
     def __init__(self, model: pathlib.Path, servers: list[str], log_dir: pathlib.Path, *,
                  tp: int = 1, layout: str = "page_first_direct", attach_later: bool = False,
                  storage_args: tuple[str, ...] | None = None,
-                 backend_extra: dict | None = None) -> None:
+                 backend_extra: dict | None = None, linker: dict | None = None,
+                 env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # a generous IO timeout: the test machine's two cores also run other engines
@@ -41,16 +45,23 @@ class Engine:
                 "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                 "--port", str(self.port), "--disable-overlap-schedule",
                 "--max-total-tokens", "4096", "--page-size", "16", "--tp", str(tp),
-                "--enable-hierarchical-cache", "--hicache-ratio", "2",
-                "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
-                "--hicache-storage-prefetch-policy", "wait_complete",
                 "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN_KEY]
-        if storage_args is not None:                   # another L3 backend, to compare with
-            args += list(storage_args)
-        elif not attach_later:
-            args += ["--hicache-storage-backend", "dynamic",
-                     "--hicache-storage-backend-extra-config", json.dumps(self.backend_config)]
-        env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", SGLANG_PLUGINS="cpu_testshim")
+        if linker is not None:
+            args += ["--enable-unified-cache-external-linker",
+                     "--unified-cache-external-linker-backend", "dynamic",
+                     "--unified-cache-external-linker-config", json.dumps(linker)]
+        else:
+            args += ["--enable-hierarchical-cache", "--hicache-ratio", "2",
+                     "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
+                     "--hicache-storage-prefetch-policy", "wait_complete"]
+            if storage_args is not None:               # another L3 backend, to compare with
+                args += list(storage_args)
+            elif not attach_later:
+                args += ["--hicache-storage-backend", "dynamic",
+                         "--hicache-storage-backend-extra-config",
+                         json.dumps(self.backend_config)]
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "SGLANG_PLUGINS": "cpu_testshim",
+               **(env or {})}
         if tp > 1:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count())
                                                           for i in range(tp))
@@ -143,8 +154,8 @@ def corrupt_every_value(shm_name: str) -> int:
         at = arena.find(magic)
         while at >= 0:
             if at % ALIGN == 0 and at + RECORD.size <= len(arena):
-                _, state, _, key_len, length, *_ = RECORD.unpack_from(arena, at)
-                start = value_offset(at, key_len)
+                _, state, spare, key_len, length, *_ = RECORD.unpack_from(arena, at)
+                start = value_offset(at, key_len + (spare >> PARENT_SHIFT))
                 if state == STATE_COMMITTED and length > 0 and start + length <= len(arena):
                     arena[start + length // 2] ^= 0xFF
                     hit += 1
