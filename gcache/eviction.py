@@ -17,6 +17,16 @@ The rule, in order of preference, for a claim that needs room:
 A window touching a span that must not move (pinned by a lease or write, holding kept values,
 or not yet on disk behind a cold tier) is never a candidate: the caller leaves it out.
 
+Tenants' quotas come before all of that. Every span has one owner (a tenant, or the
+administrator), and a window says whether it is all the claimant's own (``own``) and whether it
+touches a span of another owner that holds no more than its quota (``protected``: never taken).
+Of the rest, a claimant at or over its own quota takes its own spans first (its own oldest
+values go, not anybody else's); then come spans of owners over their quota (the memory beyond
+every quota is shared, and reclaimed from those over theirs first); a claimant within its quota
+takes its own last. The order above applies within each class. With no quotas at all every
+owner counts as over its (zero) quota and every window is the claimant's class: the rule is
+the one above, unchanged.
+
 Second chances: a value read since it was written, whose prefix is still whole, is copied to
 the young end instead of being dropped (once per read), so a prefix head that requests keep
 reading stays while the pages nobody came back for go; a value whose parent is gone gets none.
@@ -46,6 +56,8 @@ class Candidate(NamedTuple):     # a tuple: a claim builds one per window, the m
     young: bool = False          # ``is_young`` of some member
     unreachable_bytes: int = 0   # bytes counted as unable to hit (0 when not counted)
     size_bytes: int = 0          # the window's bytes (the "mostly" threshold)
+    protected: bool = False      # touches a span of another owner within its quota
+    own: bool = True             # every span in it is the claimant's (a free window: vacuous)
 
 
 def is_young(last_write: int, written_bytes: int, arena_bytes: int) -> bool:
@@ -58,24 +70,30 @@ def is_mostly_unreachable(candidate: Candidate) -> bool:
     return not candidate.young and candidate.unreachable_bytes >= candidate.size_bytes // 2 > 0
 
 
-def _rank(candidate: Candidate, young_ok: bool) -> tuple[int, float] | None:
+def _rank(candidate: Candidate, young_ok: bool,
+          claimant_over_quota: bool) -> tuple[int, int, float] | None:
     """Lower goes first; None: not a victim for this claim."""
-    _, age, last_write, young, unreachable, size = candidate
+    _, age, last_write, young, unreachable, size, protected, own = candidate
     if age == FREE:
-        return (0, 0)
+        return (0, 0, 0)
+    if protected:
+        return None
+    standing = (1 if claimant_over_quota else 3) if own else 2
     if young:
-        return (3, last_write) if young_ok else None
+        return (standing, 3, last_write) if young_ok else None
     if unreachable and unreachable >= size // 2 > 0:      # ``is_mostly_unreachable``
-        return (1, -unreachable / size)
-    return (2, age)
+        return (standing, 1, -unreachable / size)
+    return (standing, 2, age)
 
 
-def choose_victim(candidates: Iterable[Candidate], *, young_ok: bool) -> Candidate | None:
+def choose_victim(candidates: Iterable[Candidate], *, young_ok: bool,
+                  claimant_over_quota: bool = True) -> Candidate | None:
     """The candidate the rule reclaims first (the earliest of equals), or None when none may
-    go: every one is young and ``young_ok`` is false, or there are none."""
+    go: every one is young and ``young_ok`` is false, or protected, or there are none.
+    ``claimant_over_quota``: the claim would take its owner past its quota."""
     best, best_rank = None, None
     for candidate in candidates:
-        rank = _rank(candidate, young_ok)
+        rank = _rank(candidate, young_ok, claimant_over_quota)
         if rank is None or (best_rank is not None and rank >= best_rank):
             continue
         best, best_rank = candidate, rank

@@ -63,6 +63,38 @@ def test_the_victim(case):
     assert (None if chosen is None else chosen.start) == expected
 
 
+def owned(start: int, age: int, *, own: bool = True, protected: bool = False,
+          young: bool = False, last_write: int = NEVER_WRITTEN) -> Candidate:
+    return Candidate(start, age, last_write, young, 0, SEG, protected, own)
+
+
+QUOTA_VICTIMS = {   # (candidates, young_ok, the claimant is at or over its quota) -> victim
+    "a_tenant_at_its_quota_takes_its_own_oldest_before_an_older_span_over_quota": (
+        [owned(0, 1, own=False), owned(1, 5), owned(2, 3)], True, True, 2),
+    "a_tenant_within_its_quota_takes_the_surplus_of_one_over_quota_first": (
+        [owned(0, 5, own=False), owned(1, 1)], True, False, 0),
+    "a_tenant_within_its_quota_takes_its_own_when_no_surplus_is_left": (
+        [owned(0, 1, own=False, protected=True), owned(1, 5)], True, False, 1),
+    "another_tenants_values_within_its_quota_are_never_taken": (
+        [owned(0, 1, own=False, protected=True)], True, True, None),
+    "a_free_window_still_goes_first": (
+        [owned(0, 1), owned(1, FREE, own=False)], True, True, 1),
+    "a_tenant_over_its_quota_spares_its_young_values_for_older_surplus": (
+        [owned(0, 9, young=True, last_write=90), owned(1, 2, own=False)], False, True, 1),
+    "among_spans_over_quota_the_oldest_goes": (
+        [owned(0, 7, own=False), owned(1, 3, own=False)], True, False, 1),
+    "without_quotas_every_span_is_the_claimants_and_age_decides": (
+        [owned(0, 7), owned(1, 3), owned(2, 5)], True, True, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUOTA_VICTIMS))
+def test_the_victim_under_quotas(case):
+    candidates, young_ok, over_quota, expected = QUOTA_VICTIMS[case]
+    chosen = choose_victim(candidates, young_ok=young_ok, claimant_over_quota=over_quota)
+    assert (None if chosen is None else chosen.start) == expected
+
+
 YOUNG = {   # (last write mark, bytes committed since the start, arena bytes) -> young
     "a_span_a_client_just_committed_into_is_young": (1000, 1000, 8000, True),
     "a_quarter_arena_of_commits_later_it_is_old": (1000, 3000, 8000, False),
