@@ -24,6 +24,7 @@ from gcache.kv.layered_pages import LayeredPages, PoolPages
 from gcache.kv.layout import SHIPPED_CONFIGS, LayerGeometry, ModelLayout
 from gcache.kv.load import LoadHandle
 from gcache.kv.load_cost import LoadCost, LoadDecision
+from gcache.kv.load_phases import PHASES, LoadPhases, load_phases
 from gcache.kv.page_keys import GROUP_HEAD_TOKENS, head_groups, head_pages, page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
 from gcache.kv.store import KVStore, Probe, SavePlan, SaveResult
@@ -37,6 +38,7 @@ __all__ = [
     "GROUP_HEAD_TOKENS",
     "KV_ONLY",
     "LOADER_ONLY",
+    "PHASES",
     "SHIPPED_CONFIGS",
     "ConfigError",
     "EngineAnnouncer",
@@ -51,6 +53,7 @@ __all__ = [
     "LoadCost",
     "LoadDecision",
     "LoadHandle",
+    "LoadPhases",
     "ModelLayout",
     "PinnedPool",
     "PoolExhausted",
@@ -68,6 +71,7 @@ __all__ = [
     "head_groups",
     "head_pages",
     "leading",
+    "load_phases",
     "page_hashes",
     "page_regions",
     "policy_from_name",

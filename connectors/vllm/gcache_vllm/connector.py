@@ -203,7 +203,8 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker.save_layer(layer_name, self._bound())
 
     def wait_for_save(self) -> None:
-        self.worker.wait_saves()
+        meta = self._bound()
+        self.worker.wait_saves(tuple(save.req_id for save in meta.saves) if meta else ())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         sent, received, _ = self.worker.get_finished()

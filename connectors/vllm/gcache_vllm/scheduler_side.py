@@ -36,7 +36,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from gcache.kv import LoadCost
+from gcache.kv import LoadCost, load_phases
 from gcache_vllm._compat import get_logger
 from gcache_vllm.media import key_tokens
 from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -83,6 +83,8 @@ class SchedulerSide:
         self._finishing: dict[str, list[int]] = {}  # req id -> tokens, until workers report
         self._held_since: dict[str, float] = {}
         self._loaded: set[str] = set()              # an async load was placed: no second one
+        self.phases = load_phases("vllm")           # probe and parked, per request
+        self._parked_since: dict[str, float] = {}   # req id -> when its async load was placed
         self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "lookup_errors": 0,
                          "lookup_timeouts": 0, "async_loads": 0, "finish_saves": 0,
                          "skipped_slow_loads": 0}
@@ -140,6 +142,7 @@ class SchedulerSide:
             return 0
         future = self._prober.submit(self.store.match, prompt[:limit])
         self._probing.add(future)
+        asked = time.perf_counter()
         try:
             return future.result(timeout=self.probe_timeout_s)
         except FutureTimeout:
@@ -150,6 +153,8 @@ class SchedulerSide:
         except Exception:
             log.exception("gcache match failed for %s; treating it as a miss", req_id)
             self.counters["lookup_errors"] += 1
+        finally:
+            self.phases.add(req_id, "probe", time.perf_counter() - asked)
         return 0
 
     def _behind_a_finish_save(self, req_id: str, prompt: list[int]) -> bool:
@@ -181,6 +186,7 @@ class SchedulerSide:
                                               tuple(list(g) for g in blocks.get_block_ids()),
                                               asynchronous=True))
             self._loaded.add(req_id)
+            self._parked_since[req_id] = time.perf_counter()
             self.counters["async_loads"] += 1
         else:
             self._loads[req_id] = (hit, hit - num_external_tokens)
@@ -239,7 +245,8 @@ class SchedulerSide:
         its prompt and answer (a finish save is queued for the next step)."""
         req_id = request.request_id
         tracked = self._tracked.pop(req_id, None)
-        for table in (self._hits, self._asynchronous, self._loads, self._held_since):
+        for table in (self._hits, self._asynchronous, self._loads, self._held_since,
+                      self._parked_since):
             table.pop(req_id, None)
         self._loaded.discard(req_id)
         self._slow.discard(req_id)
@@ -258,6 +265,10 @@ class SchedulerSide:
         loads they measured (``load_times``: [tokens, seconds] of each completed load)."""
         for req_id in getattr(output, "finished_sending", None) or ():
             self._finishing.pop(req_id, None)
+        for req_id in getattr(output, "finished_recving", None) or ():
+            since = self._parked_since.pop(req_id, None)
+            if since is not None:
+                self.phases.add(req_id, "parked", time.perf_counter() - since)
         stats = getattr(output, "kv_connector_stats", None)
         for tokens, seconds in (getattr(stats, "data", None) or {}).get("load_times", ()):
             self.load_cost.observe(int(tokens), float(seconds))

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gcache.kv import load_phases
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
 from gcache_vllm.staging import DEFAULT_PINNED_BYTES, DONE, Transfers
 
@@ -129,6 +130,7 @@ class WorkerSide:
         self._reported: dict[str, int] = {}                     # counters at the last report
         self._samples: dict[str, list[Any]] = {"load_wait_s": [], "save_s": [], "load_times": []}
         self._samples_lock = threading.Lock()     # counters and samples: the saver adds too
+        self.phases = load_phases("vllm")         # fetch, place, layer_wait, save_wait
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -191,7 +193,9 @@ class WorkerSide:
             return                                         # nothing of this layer to load
         waited = time.perf_counter()
         handle.wait_layer(index)
-        self._sample("load_wait_s", time.perf_counter() - waited)
+        placing = time.perf_counter()
+        self._sample("load_wait_s", placing - waited)
+        self.phases.add(spec.req_id, "layer_wait", placing - waited)
         if index in handle.failed_layers:
             self._count("failed_layers", 1)
             self._fail(spec)
@@ -201,6 +205,8 @@ class WorkerSide:
         self._count("bytes_loaded", host.numel())
         paged.scatter(spec.block_ids[self.group_of[layer_name]], start, stop, staged,
                       spec.skip_tokens)
+        self.phases.add(spec.req_id, "place", time.perf_counter() - placing)
+        self.phases.placed(spec.req_id, host.numel())
         self._count("loaded_layers", 1)
 
     def get_finished(self) -> tuple[set[str], set[str], set[str]]:
@@ -245,6 +251,7 @@ class WorkerSide:
     def _measured(self, spec: LoadSpec, handle: Any) -> None:
         """A whole load's time, for the scheduler's load-or-recompute choice (LoadCost)."""
         if handle is not None and handle.elapsed_s and not handle.failed_layers:
+            self.phases.add(spec.req_id, "fetch", handle.elapsed_s)
             with self._samples_lock:
                 self._samples["load_times"].append([len(spec.token_ids), handle.elapsed_s])
 
@@ -324,9 +331,14 @@ class WorkerSide:
             else:
                 self._finish_left[req_id] = left - 1
 
-    def wait_saves(self) -> None:
+    def wait_saves(self, req_ids: tuple[str, ...] = ()) -> None:
+        """Wait for the step's saves (``req_ids``: the requests whose saves they are, which
+        the wait is counted against)."""
+        waited = time.perf_counter()
         self._saves.join()
         self._plans.clear()
+        for req_id in req_ids:
+            self.phases.add(req_id, "save_wait", time.perf_counter() - waited)
 
     def close(self) -> None:
         """Finish what is in flight: queued saves, and loads still writing into pooled
