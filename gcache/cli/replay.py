@@ -47,7 +47,8 @@ from gcache.kv.replay import (
     with_optimal,
     write_json,
 )
-from gcache.kv.trace import BLOCK_SIZE, iter_tokens, read_trace
+from gcache.kv.suite import NAMES, trace_requests
+from gcache.kv.trace import BLOCK_SIZE, iter_tokens
 
 if TYPE_CHECKING:
     from gcache.sdk import Client
@@ -193,8 +194,12 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"gcache replay: --budgets {bad} must be fractions in (0, 1]", file=sys.stderr)
         return 2
+    if args.suite:
+        from gcache.cli.replay_suite import run_suite
+
+        return run_suite(args, layout, policies, budgets)
     started = time.monotonic()
-    requests = read_trace(args.trace, limit=args.limit)
+    requests = trace_requests(args.trace, limit=args.limit)
     full = prepare(requests, layout)
     print(f"gcache replay: {len(requests)} requests, {full.input_tokens} input tokens, "
           f"model {layout.model} ({len(layout.full_layers)} full + {len(layout.swa_layers)} "
@@ -240,7 +245,11 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("replay", help="replay a Mooncake-format trace: hit rate per policy")
-    cmd.add_argument("--trace", default=DEFAULT_TRACE, help="JSONL trace (Mooncake format)")
+    cmd.add_argument("--trace", default=DEFAULT_TRACE,
+                     help=f"JSONL trace (Mooncake format), or a suite trace: {', '.join(NAMES)}")
+    cmd.add_argument("--suite", nargs="?", const=",".join(NAMES), metavar="NAMES",
+                     help="replay every trace of the suite (or those named, comma-separated) "
+                          "and print default against optimal per budget per trace")
     cmd.add_argument("--model", default="mimo-v2.5-pro",
                      help="config.json path or a shipped config name")
     cmd.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
