@@ -3,6 +3,7 @@ seeded and deterministic, each of the shape it claims, and the table's verdicts.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -31,7 +32,7 @@ def test_requests_are_well_formed_mooncake_requests(name):
     requests = GENERATORS[name](SMALL, seed=5)
     assert len(requests) == SMALL
     assert [r.index for r in requests] == list(range(SMALL))
-    assert all(a.timestamp_ms <= b.timestamp_ms for a, b in zip(requests, requests[1:]))
+    assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(requests))
     for r in requests:
         assert len(r.hash_ids) == -(-r.input_length // BLOCK_SIZE) and r.output_length >= 1
     # Equal ids name equal prefixes: the optimum's residencies accept them as paths.
@@ -53,7 +54,7 @@ def test_agentic_sessions_come_back_to_their_whole_prefix_and_branch():
                       for k in range(len(r.hash_ids), 0, -1))]
     assert len(resumed) > SMALL // 2            # tool loops resend what they sent before
     # retries and sub-agents: two requests share a long prefix, then differ
-    branches = sum(1 for a, b in zip(requests, requests[1:])
+    branches = sum(1 for a, b in itertools.pairwise(requests)
                    if 8 < _shared_blocks(a.hash_ids, b.hash_ids) < min(len(a.hash_ids),
                                                                       len(b.hash_ids)) - 1)
     assert branches > 0
