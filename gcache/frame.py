@@ -88,6 +88,8 @@ class Op(enum.IntEnum):
     AUTH = 16        # payload HMAC-SHA256(token, nonce || AUTH_CONTEXT) -> as HELLO's reply
     LIST = 17        # key prefix, payload the last key of the previous page, count the most
                      # keys -> the pinned keys after it, in order (``encode_keys``), and count
+    PREFETCH = 18    # count keys -> count ``Prefetched`` bytes: each key brought from the cold
+                     # tier into memory ahead of a read, nothing returned (``gcache.prefetched``)
 
 
 class Status(enum.IntEnum):

@@ -62,6 +62,7 @@ class HelloFacts(TypedDict):
     max_value_size: int
     lease_ttl_ms: int
     parents: bool                  # takes FLAG_PARENT (a client sends it to no other server)
+    prefetch: bool                 # takes PREFETCH (a client sends it to no other server)
     nixl: NotRequired[NixlFact]    # only when the arena is offered over NIXL
 
 
@@ -86,7 +87,7 @@ class DataServer:
             "unix_socket": self.unix_path, "arena_bytes": self.tier.arena.size_bytes,
             "arena_id": self.tier.arena.arena_id, "io_size": config.io_size,
             "max_value_size": config.max_value_size,
-            "lease_ttl_ms": int(config.lease_ttl_s * 1000), "parents": True}
+            "lease_ttl_ms": int(config.lease_ttl_s * 1000), "parents": True, "prefetch": True}
         self._nixl: NixlAgent | None = None
         if config.nixl:
             from gcache.server.nixl_offer import offer_arena

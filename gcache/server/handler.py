@@ -51,6 +51,7 @@ from gcache.server import batch_requests
 from gcache.server.conn_holds import ConnectionHolds
 from gcache.server.metrics import BYTES_IN, BYTES_OUT, OP_TIMERS
 from gcache.server.mutable_keys import MutableKeys
+from gcache.server.prefetch_requests import prefetch
 from gcache.server.request_rules import Refused, check_request
 from gcache.server.tier_protocol import Lease, Tier, Write
 from gcache.server.transfers import Transfers
@@ -96,6 +97,7 @@ class ConnectionHandler:
             Op.BATCH_GET: lambda h, _: batch_requests.batch_get(self, h),
             Op.BATCH_PUT: lambda h, _: batch_requests.batch_put(self, h),
             Op.BATCH_LEASE: lambda h, _: batch_requests.batch_lease(self, h),
+            Op.PREFETCH: lambda h, _: prefetch(self, h),
         }
 
     @property

@@ -59,6 +59,6 @@ def check_request(h: Header, *, max_value_size: int) -> None:
     if h.op == Op.RELEASE and h.payload_len != h.count * HANDLE.size:
         raise Refused(Status.BAD_REQUEST, f"RELEASE of {h.count} handles carries "
                       f"{h.payload_len} bytes; needs {h.count * HANDLE.size}")
-    if h.op in (Op.EXISTS, Op.BATCH_GET, Op.BATCH_LEASE) and \
+    if h.op in (Op.EXISTS, Op.BATCH_GET, Op.BATCH_LEASE, Op.PREFETCH) and \
             h.payload_len > h.count * KEY_LIST_ENTRY_MAX:
         raise Refused(Status.BAD_REQUEST, f"{h.count} keys cannot take {h.payload_len} bytes")

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from gcache.errors import ChecksumMismatch, NoSpace
 from gcache.keys import Hasher, checksum
+from gcache.prefetched import Prefetched
 from gcache.server.cold_index import ColdEntry
 from gcache.server.cold_store import ColdStore
 from gcache.server.demoter import Demoter
@@ -113,6 +114,19 @@ class TieredStore:
 
     def exists(self, key: bytes) -> bool:
         return self.hot.exists(key) or self._cold_entry(key) is not None
+
+    def prefetch(self, key: bytes) -> Prefetched:
+        """Have ``key`` in memory ahead of a read (PREFETCH): promoted from disk as a read's
+        miss would be, but not leased, so it holds no room for the caller and counts as no
+        read (it earns no second chance until one comes). NO_ROOM when memory has none within
+        ``PROMOTE_WAIT_S``."""
+        if self.hot.exists(key):
+            return Prefetched.IN_MEMORY
+        try:
+            promoted = self._promote(key)
+        except NoSpace:
+            return Prefetched.NO_ROOM
+        return Prefetched.PROMOTED if promoted else Prefetched.ABSENT
 
     def delete(self, key: bytes) -> bool:
         """Forget ``key`` in both tiers. The disk copy goes first, under the guard a promotion
