@@ -27,6 +27,7 @@ from gcache.kv.load_cost import LoadCost, LoadDecision
 from gcache.kv.load_phases import PHASES, LoadPhases, load_phases
 from gcache.kv.page_keys import GROUP_HEAD_TOKENS, head_groups, head_pages, page_hashes
 from gcache.kv.policy import DEFAULT_POLICY, StorePolicy, policy_from_name
+from gcache.kv.prefetch import PrefetchResult, prefetch_prefix
 from gcache.kv.store import KVStore, Probe, SavePlan, SaveResult
 from gcache.kv.weights import weights_fingerprint
 from gcache.kv.window import leading, restorable_prefixes, safe_boundary, tail_span
@@ -58,6 +59,7 @@ __all__ = [
     "PinnedPool",
     "PoolExhausted",
     "PoolPages",
+    "PrefetchResult",
     "Probe",
     "SavePlan",
     "SaveResult",
@@ -75,6 +77,7 @@ __all__ = [
     "page_hashes",
     "page_regions",
     "policy_from_name",
+    "prefetch_prefix",
     "restorable_prefixes",
     "safe_boundary",
     "tail_span",

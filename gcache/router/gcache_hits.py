@@ -6,6 +6,10 @@ connector's are one function over one layout. Until a scheme is read (no engine 
 or it was evicted before the router first read it) GCache's hit counts as 0: the router then
 routes on its views and load alone, which is never wrong, only less informed. A missing scheme
 is read again at most every ``RETRY_S``; one that was read is kept.
+
+``prefetch``: once a request is routed and its engine will read GCache's hit, the router asks
+the servers to promote that hit's objects from their cold tier into memory (``Client.prefetch``)
+while the request travels to the engine, so the engine's load does not wait on a disk.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from gcache.errors import GCacheError
-from gcache.kv import KVStore
+from gcache.kv import KVStore, prefetch_prefix
 from gcache.kv.key_scheme import read
 from gcache.sdk import Client
 
@@ -31,11 +35,26 @@ class GCacheHits:
         self._stores: dict[str, KVStore] = {}
         self._tried: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.prefetched_objects = 0          # promoted from a cold tier by ``prefetch``
 
     def hit_tokens(self, model: str, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` GCache can restore for ``model`` (0 when unknown)."""
         store = self._store(model)
         return 0 if store is None else store.match(token_ids)
+
+    def prefetch(self, model: str, token_ids: Sequence[int], hit_tokens: int) -> None:
+        """Promote the objects a load of GCache's hit of ``hit_tokens`` tokens reads into
+        memory on their servers (``prefetch_prefix``), ahead of the engine's scheduler asking
+        for them; a failure only costs the engine the promotion it would have paid anyway."""
+        store = self._store(model)
+        if store is None or hit_tokens <= 0:
+            return
+        try:
+            done = prefetch_prefix(store, token_ids, hit_tokens)
+        except GCacheError as exc:
+            log.warning("router.gcache prefetch for %s failed: %s", model, exc)
+            return
+        self.prefetched_objects += done.promoted
 
     def _store(self, model: str) -> KVStore | None:
         if self.client is None:

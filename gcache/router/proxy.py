@@ -7,7 +7,8 @@ Tokenizing and GCache lookups are blocking, so they run in a small thread pool.
 
 A request: parse (malformed JSON, a non-object, an unknown model: an OpenAI-style error body),
 tokenize as the engine will (``prompts``), ask GCache for its window-safe hit (``gcache_hits``),
-snapshot every instance (its view's GPU and host hits, its load), ``route``, forward. Failover:
+snapshot every instance (its view's GPU and host hits, its load), ``route``, have GCache promote
+the hit from its cold tier when the engine will read it (in the background), forward. Failover:
 an engine that cannot be reached, or that drops the connection before the first byte of its
 answer, is marked down and the request is routed again among the others; once bytes have been
 passed to the client nothing can be retried, so a stream that breaks ends with an error event
@@ -188,6 +189,8 @@ class Router:
             instance = self.by_name[decision.instance]
             state = next(s for s in states if s.name == instance.name)
             uncached = len(tokens) - min(len(tokens), max(state.host_hit_tokens, gcache_hit))
+            if gcache_hit > state.host_hit_tokens and not tried:   # it will load from GCache
+                loop.run_in_executor(self.pool, self.hits.prefetch, model, known, gcache_hit)
             route_header = (f"instance={instance.name}; reason={decision.reason}; "
                             f"bucket={decision.bucket}; gcache_hit_tokens={gcache_hit}; "
                             f"gpu_hit_tokens={state.gpu_hit_tokens}; "

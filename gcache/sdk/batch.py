@@ -21,6 +21,7 @@ from gcache.buffer import BufferLike, nbytes
 from gcache.errors import ConnectionLost, IOTimeout, TransportError
 from gcache.frame import FLAG_PARENT, Status, with_parent
 from gcache.keys import group_hash
+from gcache.prefetched import Prefetched
 from gcache.sdk import protocol
 from gcache.sdk.dispatch import MISS, Dispatcher, Groups, Miss
 from gcache.sdk.exchange import Exchange, ReadItem, WriteItem
@@ -329,3 +330,24 @@ def _release(d: Dispatcher, link: Link, handles: list[int]) -> None:
         d.release(link)
 
 
+
+
+def prefetch(d: Dispatcher, keys: list[bytes], group: Groups) -> list[Prefetched]:
+    """PREFETCH of each key at its owner, one request per server, servers in parallel. A key
+    whose server is unreachable, failed, or takes no PREFETCH is ``NOT_ASKED``."""
+    out = [Prefetched.NOT_ASKED] * len(keys)
+
+    def work(address: str | None, idx: list[int]) -> None:
+        def ask(ch: Channel) -> list[Prefetched] | None:
+            # connected by now, so the server's HELLO facts are known
+            if address is None or not d.routes.takes_prefetch(address):
+                return None
+            return protocol.prefetch(ch, [keys[i] for i in idx])
+
+        states = d.call(address, ask, len(idx))
+        if isinstance(states, list):
+            for n, i in enumerate(idx):
+                out[i] = states[n]
+
+    d.parallel([partial(work, a, idx) for a, idx in d.plan(keys, group)])
+    return out

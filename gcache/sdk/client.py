@@ -24,7 +24,7 @@ failures into misses. Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -35,11 +35,12 @@ from gcache.errors import InvalidRequest, WrongType
 from gcache.frame import FLAG_CONTENT_ADDRESSED, FLAG_PINNED, LIST_PAGE_MAX, PARENT_MAX, Status
 from gcache.keys import MAX_KEY_BYTES, KeyLike, group_hash, validate_key
 from gcache.master_client import MasterClient, parse_masters
+from gcache.prefetched import Prefetched
 from gcache.sdk import batch, protocol
 from gcache.sdk.cluster_map import MapFollower
 from gcache.sdk.dispatch import Dispatcher, Groups, Miss
 from gcache.sdk.exchange import Exchange
-from gcache.sdk.fill import Fill, fill_of
+from gcache.sdk.fill import Fill, fill_of, sum_tiers
 from gcache.sdk.metrics import ClientStats
 from gcache.sdk.outcome import put_outcome, read_outcome
 from gcache.sdk.protocol import Channel
@@ -291,6 +292,13 @@ class Client:
         self._d.parallel([partial(work, a, idx) for a, idx in self._d.plan(raw, grp)])
         return results
 
+    def prefetch(self, keys: Sequence[KeyLike], *, group: BatchGroup = None) -> list[Prefetched]:
+        """Have each key's server promote it from its cold tier into memory ahead of a read,
+        returning none of them (servers in parallel). ``Prefetched.NOT_ASKED``: its server is
+        unreachable, failed, or takes no PREFETCH."""
+        raw = [validate_key(k) for k in keys]
+        return batch.prefetch(self._d, raw, self._groups(group, len(raw)))
+
     def list_pinned(self, prefix: KeyLike = b"") -> list[bytes]:
         """The pinned keys that start with ``prefix`` (a file store's parts), from every server
         that answers, sorted and without repeats. A server that does not answer is left out,
@@ -381,16 +389,3 @@ def _parent(parent: ParentLike, what: str) -> list[bytes] | None:
 
 def _flags(content_addressed: bool, pinned: bool = False) -> int:
     return (FLAG_CONTENT_ADDRESSED if content_addressed else 0) | (FLAG_PINNED if pinned else 0)
-
-
-def sum_tiers(stats: Iterable[dict[str, Any] | None]) -> dict[str, dict[str, int]]:
-    """Per-tier counters summed over STAT answers (None for a server that did not answer); a
-    server without a cold tier contributes its hot tier only."""
-    total: dict[str, dict[str, int]] = {}
-    for stat in filter(None, stats):
-        tiers = stat.get("tiers") or {"hot": stat["tier"]}
-        for tier, values in tiers.items():
-            into = total.setdefault(tier, {})
-            for key, value in values.items():
-                into[key] = into.get(key, 0) + value
-    return total

@@ -1,6 +1,7 @@
 """``Fill``: how full the cluster's memory (or, with a cold tier, its disk) is and how much it has
 evicted, from the servers' STAT: the reading ``gcache.kv``'s store policies adapt to, typed, so
-callers never parse STAT's JSON themselves."""
+callers never parse STAT's JSON themselves; and ``sum_tiers``, the servers' per-tier counters
+summed (``Client.stats(tiers=True)``)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,16 @@ def fill_of(stats: Iterable[dict[str, Any] | None]) -> Fill:
         evicted += hot["evicted_objects"] + (cold["evicted_objects"] if cold else 0)
         servers += 1
     return Fill(used, capacity, evicted, servers)
+
+
+def sum_tiers(stats: Iterable[dict[str, Any] | None]) -> dict[str, dict[str, int]]:
+    """Per-tier counters summed over STAT answers (None for a server that did not answer); a
+    server without a cold tier contributes its hot tier only."""
+    total: dict[str, dict[str, int]] = {}
+    for stat in filter(None, stats):
+        tiers = stat.get("tiers") or {"hot": stat["tier"]}
+        for tier, values in tiers.items():
+            into = total.setdefault(tier, {})
+            for key, value in values.items():
+                into[key] = into.get(key, 0) + value
+    return total

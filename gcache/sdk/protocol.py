@@ -38,6 +38,7 @@ from gcache.frame import (
 )
 from gcache.keys import HASH_PIECE, MAX_KEY_BYTES, checksum_stream
 from gcache.outcomes import raise_for_status, raise_unless_answer
+from gcache.prefetched import WIRE, Prefetched
 from gcache.sdk.receive_buffers import RECEIVE_BUFFERS
 from gcache.transport.stream import StreamConnection
 
@@ -190,6 +191,16 @@ def exists(ch: Channel, keys: Sequence[bytes]) -> list[bool]:
     if len(present) != len(keys):
         raise ProtocolError(f"EXISTS answered {len(present)} flags for {len(keys)} keys")
     return [flag == 1 for flag in present]
+
+
+def prefetch(ch: Channel, keys: Sequence[bytes]) -> list[Prefetched]:
+    """PREFETCH: what the server did with each key (``gcache.prefetched``)."""
+    reply = ch.reply(ch.request(Op.PREFETCH, payload=(encode_keys(keys),), count=len(keys)))
+    raise_for_status(reply, "PREFETCH")
+    states = ch.payload(reply, limit=len(keys))
+    if len(states) != len(keys) or any(s not in WIRE for s in states):
+        raise ProtocolError(f"PREFETCH answered {bytes(states)[:16]!r} for {len(keys)} keys")
+    return [Prefetched(s) for s in states]
 
 
 def delete(ch: Channel, key: bytes) -> bool:

@@ -68,6 +68,7 @@ class Routes:
         self._logged: set[tuple[str, str]] = set()
         self._shm: dict[str, ShmExchange] = {}        # address -> its arena's exchange
         self._takes_parents: set[str] = set()          # servers whose HELLO said "parents"
+        self._takes_prefetch: set[str] = set()         # ... and "prefetch"
         self._tcp_exchange = TcpExchange(io_size=io_size, staging=staging)
         self._nixl = NixlPeers(io_size=io_size, timeout_s=timeout_s,
                                in_flight=transfers_in_flight, devices=nixl_devices,
@@ -99,12 +100,19 @@ class Routes:
         with self._lock:
             return address in self._takes_parents
 
-    def _note(self, address: str, facts: dict[str, Any]) -> None:
+    def takes_prefetch(self, address: str) -> bool:
+        """Whether the server said in HELLO that it answers PREFETCH."""
         with self._lock:
-            if facts.get("parents") is True:
-                self._takes_parents.add(address)
-            else:                           # a server restarted on an older version
-                self._takes_parents.discard(address)
+            return address in self._takes_prefetch
+
+    def _note(self, address: str, facts: dict[str, Any]) -> None:
+        with self._lock:       # a fact missing: a server restarted on an older version
+            for fact, servers in (("parents", self._takes_parents),
+                                  ("prefetch", self._takes_prefetch)):
+                if facts.get(fact) is True:
+                    servers.add(address)
+                else:
+                    servers.discard(address)
 
     def forget(self, address: str) -> None:
         with self._lock:

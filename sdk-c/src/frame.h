@@ -17,7 +17,7 @@ enum gc_op {
     GC_PUT = 1, GC_GET = 2, GC_ALLOC = 3, GC_WRITE = 4, GC_COMMIT = 5, GC_LEASE = 6,
     GC_READ = 7, GC_RELEASE = 8, GC_EXISTS = 9, GC_DELETE = 10, GC_STAT = 11,
     GC_BATCH_GET = 12, GC_BATCH_PUT = 13, GC_HELLO = 14, GC_BATCH_LEASE = 15, GC_AUTH = 16,
-    GC_LIST = 17, GC_OP_LAST = 17
+    GC_LIST = 17, GC_PREFETCH = 18, GC_OP_LAST = 18    /* PREFETCH: never sent, decoded */
 };
 
 enum gc_status {

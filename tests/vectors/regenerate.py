@@ -78,7 +78,9 @@ def frames() -> dict[str, object]:
         ("NOT_FOUND reply to DELETE", Header(Op.DELETE, 12, Status.NOT_FOUND), b"", b""),
         ("AUTH_FAILED reply", Header(Op.AUTH, 2, Status.AUTH_FAILED), b"", b""),
         ("HELLO request", Header(Op.HELLO, 1), b"", b""),
-        ("LIST, the highest opcode", Header(Op.LIST, 13, count=1024), b"", b""),
+        ("LIST", Header(Op.LIST, 13, count=1024), b"", b""),
+        ("PREFETCH of two keys, the highest opcode", Header(Op.PREFETCH, 14, count=2),
+         b"", b"\x01\x00a\x01\x00b"),
     ]
     max_payload = 1 << 30
     out_good = []
@@ -100,7 +102,7 @@ def frames() -> dict[str, object]:
         ("wrong magic", raw(magic=0x12345678), "magic"),
         ("version 1", raw(version=1), "version"),
         ("opcode 0", raw(op=0), "opcode"),
-        ("opcode 18", raw(op=18), "opcode"),
+        ("opcode 19", raw(op=19), "opcode"),
         ("status 10", raw(status=10), "status"),
         ("key_len 1025", raw(key_len=1025), "key_len"),
         ("payload_len past the limit", raw(payload_len=max_payload + 1), "payload_len"),
