@@ -309,8 +309,8 @@ def _arena_targets(path: str) -> list[tuple[str, int, int]]:
     """(part, offset, length) of every segment header, record header, key and value in an
     arena file, found with the arena's own layout."""
     from gcache.record_layout import ALIGN, SPAN_HEADER_BYTES, value_offset
-    from gcache.server.arena import read_span_header
     from gcache.server.record import RECORD, RECORD_MAGIC
+    from gcache.server.span_header import read_span_header
     with open(path, "rb") as fh:
         data = memoryview(fh.read())
     with open(path + ".key", "rb") as fh:
