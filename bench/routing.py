@@ -70,7 +70,7 @@ from results_file import write_results
 
 from gcache.errors import ConfigError, InvalidRequest
 from gcache.kv.layout import ModelLayout
-from gcache.kv.trace import read_trace
+from gcache.kv.suite import trace_requests
 
 BLOCK_TOKENS = 512                      # tokens per trace hash id
 BOUNDS = (65_536, 262_144, 1_048_576)   # upper ends of the three buckets, tokens
@@ -138,7 +138,7 @@ def read_jobs(path: str, limit: int | None, stretch: int) -> list[Job]:
     """The trace's requests (read as the replay reads them, ``gcache.kv.trace``), ``limit`` at
     most, lengths and blocks stretched. Raises ``ConfigError`` naming a malformed line."""
     jobs = []
-    for request in read_trace(path, limit=limit):
+    for request in trace_requests(path, limit=limit):
         tokens = request.input_length * stretch
         blocks = tuple(h * stretch + j for h in request.hash_ids for j in range(stretch))
         blocks = blocks[:tokens // BLOCK_TOKENS]
@@ -160,7 +160,8 @@ def partition(jobs: list[Job], hits: list[int], cfg: SimConfig) -> list[int]:
     with requests."""
     work = [0.0] * len(BOUNDS)
     for job, hit in zip(jobs, hits):
-        work[bucket_of(job.tokens - hit)] += cfg.prefill_s(hit, job.tokens - hit)
+        work[bucket_of(job.tokens - hit)] += cfg.prefill_s(hit, job.tokens - hit) + \
+            decode_s(job, cfg)
     counts = [1 if w > 0 else 0 for w in work]
     if sum(counts) > cfg.instances:
         raise ConfigError("instances", cfg.instances, f"needs one per filled bucket ({counts})")
@@ -170,10 +171,14 @@ def partition(jobs: list[Job], hits: list[int], cfg: SimConfig) -> list[int]:
     return [k for k, n in enumerate(counts) for _ in range(n)]
 
 
+def decode_s(job: Job, cfg: SimConfig) -> float:
+    """Rank seconds of a job's decode steps after its first token (its share of each step)."""
+    return (job.output - 1) * (cfg.decode_seq_s + cfg.decode_kv_s * (job.tokens + job.output / 2))
+
+
 def speedup_for(jobs: list[Job], cfg: SimConfig) -> float:
     """Arrival speed-up that makes no-cache prefill plus decode work ``cfg.load`` of capacity."""
-    demand_s = sum(cfg.prefill_s(0, j.tokens) + (j.output - 1) * (
-        cfg.decode_seq_s + cfg.decode_kv_s * (j.tokens + j.output / 2)) for j in jobs)
+    demand_s = sum(cfg.prefill_s(0, j.tokens) + decode_s(j, cfg) for j in jobs)
     span_s = (max(j.arrival_ms for j in jobs) - min(j.arrival_ms for j in jobs)) / 1000
     return cfg.load * span_s * cfg.instances * cfg.ranks / demand_s if span_s > 0 else 1.0
 
@@ -763,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", default=TRACE,
                         help="Mooncake-format JSONL trace (default: the shipped conversation "
-                             "trace)")
+                             "trace), or a trace of the replay suite by name (agentic, "
+                             "multitenant, toolcalls, conversation)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
     parser.add_argument("--variants", nargs="+", choices=("plain", "long"),
                         default=["plain", "long"])

@@ -47,6 +47,14 @@ the home pool's eligible instances > ``override_tokens``; and cost(j) < cost(c).
 "override". The fit rule keeps an override from carrying a long prefill into a short pool, so
 in practice it moves a short remainder of a long cached prompt to the long pool that holds it.
 
+Spill. An instance j of a longer pool that fits, is all but idle (load ≤ ``spread_tokens``/4),
+carries more than ``spread_tokens`` less load than the home pool's choice c and is cheaper than
+c takes the request instead; the reason is "spill". Pools are sized for the work the trace was
+expected to bring, which a trace never brings exactly: a short pool past that borrows an idle
+long instance, where no long chunk shares the short request's steps (on the long variant of the
+replay suite's multi-tenant trace this takes the max/mean load from 1.34 to 1.28 and the
+short-bucket TTFT p99 from 3.6 s to 3.4 s, ``bench/routing.py``).
+
 Otherwise the reason says what decided: "affinity" (the chosen instance's own GPU or host hit
 saves more than GCache alone would), "gcache" (only GCache's hit saves anything: all instances
 were equal but for load) or "least_loaded" (nothing was cached). Unhealthy instances are never
@@ -122,6 +130,7 @@ class Route:
     bucket: int                  # the request's bucket, by its uncached length
     cost: float                  # the chosen instance's estimated cost (tokens)
     reason: str                  # "affinity" | "spread" | "least_loaded" | "gcache" | "override"
+                                 # | "spill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,9 @@ def route(prompt_tokens: int, gcache_hit_tokens: int, instances: Sequence[Instan
     override = _override(chosen, home, pools, config)
     if override is not None:
         return Route(override.name, bucket, override.cost, "override")
+    spill = _spill(chosen, home, pools, config.spread_tokens)
+    if spill is not None:
+        return Route(spill.name, bucket, spill.cost, "spill")
     floor = config.gcache_credit * gcache_hit
     reason = ("spread" if spread else "affinity" if chosen.saving > floor
               else "gcache" if floor > 0 else "least_loaded")
@@ -243,6 +255,19 @@ def _override(chosen: _Candidate, home: int, pools: dict[int, list[_Candidate]],
             for c in _eligible([m for m in members if m.fits], members, config.spread_tokens)
             if c.saving - best_home_saving > config.override_tokens and c.cost < chosen.cost]
     return min(wins, key=_by_cost) if wins else None
+
+
+def _spill(chosen: _Candidate, home: int, pools: dict[int, list[_Candidate]],
+           spread_tokens: int) -> _Candidate | None:
+    """An instance of a longer pool that is all but idle (at most a quarter of
+    ``spread_tokens`` of load: no long chunk to share its steps with) and cheaper than the home
+    pool's choice, whose load is more than ``spread_tokens`` above it. Pools are sized for the
+    work a trace was expected to bring; when the short pool is busier than that, an idle long
+    instance serves a short request as a short one would, and evens the load out."""
+    idle = [c for pool, members in pools.items() if pool > home for c in members
+            if c.fits and c.load <= spread_tokens // 4 and chosen.load - c.load > spread_tokens
+            and c.cost < chosen.cost]
+    return min(idle, key=_by_cost) if idle else None
 
 
 def _eligible(candidates: list[_Candidate], pool: list[_Candidate],

@@ -230,3 +230,24 @@ def test_route_always_returns_a_healthy_instance_of_some_pool(prompt, gcache, ro
     assert chosen.instance in healthy
     assert chosen.bucket == Buckets().of(prompt - best)
     assert route(prompt, gcache, instances[::-1]) == chosen      # order does not matter
+
+
+# The request: 10K tokens, nothing cached, bucket 0. The short pool's least loaded carries
+# ``short`` tokens; the long pool's instance ``long``.
+@pytest.mark.parametrize("short, long, expected, reason", [
+    pytest.param(20 * K, 0, "L", "spill", id="busy-short-pool-borrows-an-idle-long-instance"),
+    pytest.param(21 * K, 4 * K, "L", "spill", id="a-quarter-spread-of-load-is-still-idle"),
+    pytest.param(40 * K, 4 * K + 1, "s", "least_loaded", id="any-more-is-not-idle"),
+    pytest.param(16 * K, 0, "s", "least_loaded", id="a-lead-of-spread-tokens-stays-home"),
+    pytest.param(0, 0, "s", "least_loaded", id="an-idle-short-pool-stays-home"),
+])
+def test_the_spill_rule(short, long, expected, reason):
+    chosen = route(10 * K, 0, [inst("s", 0, queued=short), inst("L", 1, queued=long)], EXACT)
+    assert (chosen.instance, chosen.bucket, chosen.reason) == (expected, 0, reason)
+
+
+def test_a_spill_never_gives_up_a_cheaper_holder():
+    # the short instance's GPU hit saves more than its load costs: it stays the cheapest
+    instances = [inst("s", 0, gpu=30 * K, queued=20 * K), inst("L", 1)]
+    chosen = route(40 * K, 0, instances, EXACT)
+    assert (chosen.instance, chosen.reason) == ("s", "affinity")
