@@ -17,7 +17,8 @@ MC_VENV   := .venv-mooncake
 MC_STAMP  := $(MC_VENV)/.installed
 
 .PHONY: run test lint system-tools test-core test-fault test-sglang test-vllm test-vllm-interface \
-	test-vllm-engine envs bench bench-engine run-engine replay redis mooncake proto soak clean \
+	test-vllm-engine envs bench bench-engine run-engine replay replay-suite redis mooncake proto \
+	soak clean \
 	gpu-check gpu-wheels
 
 # torch is pinned to the CPU build served from local wheels; an unpinned torch pulls CUDA.
@@ -225,6 +226,13 @@ replay: $(STAMP)
 	$(VENV)/bin/gcache replay --cluster --cluster-requests 300 --cluster-budgets 0.02,0.05 \
 	  --out bench/results/replay-latest.json \
 	  --plot bench/results/replay-latest.png
+	$(PY) bench/update_readme.py
+
+# The replay suite (issue 47): every trace through the model against its optimum, and the
+# router on every trace's long variant; both tables go into README.md. About 15 minutes.
+replay-suite: $(STAMP)
+	$(VENV)/bin/gcache replay --suite --out bench/results/replay-suite-latest.json
+	$(PY) bench/routing_suite.py --jobs 2 --results
 	$(PY) bench/update_readme.py
 
 # Regenerate the master's gRPC code after editing gcache/proto/master.proto.

@@ -304,12 +304,86 @@ def render_multimodal(report: dict) -> str:
     return "\n".join(lines)
 
 
+def render_replay_suite(report: dict) -> str:
+    """The suite table of ``gcache replay --suite --out`` (``gcache.kv.suite.format_suite``)."""
+    from gcache.kv.suite import SuiteCell, format_suite
+
+    meta = report["meta"]
+    cells = [SuiteCell(c["trace"], c["budget_fraction"], c["default"], c["optimal"],
+                       c["best_fixed"], c["best_fixed_policy"]) for c in report["cells"]]
+    sources = "; ".join(f"`{name}`: {source}" for name, source in meta["sources"].items())
+    return "\n".join([
+        f"Measured {meta['date']} by `make replay-suite` (`gcache replay --suite`, "
+        f"{meta['seconds']:.0f} s), layout {meta['model']} (page {meta['page_size']} tokens, "
+        f"W = {meta['window']}); budgets are fractions of each trace's full-layer working set, "
+        f"hit rates count window-safe hits only. Traces: {sources}.", "",
+        format_suite(cells)])
+
+
+def render_routing_suite(report: dict) -> str:
+    """``bench/routing_suite.py``: per trace, ours with buckets against the issue-47 targets."""
+    lines = [f"Measured {report['date']} by `{report['command'].strip()}` "
+             f"({report['runtime_s']} s, `bench/results/routing-suite-latest.json`): the long "
+             "variant of every trace of the replay suite, 8 instances of 4 lockstep ranks, "
+             "offered load 0.85. `ours` is `gcache.router.policy` with buckets; a bold figure "
+             "misses its target.", "",
+             "| trace (long) | instances per bucket | ours: max/mean load (≤ 1.2) | "
+             "ours: short p99 s | best without buckets: short p99 s (≤ 0.5×) | ours: hit rate | "
+             "best cache-aware hit rate (≥ 0.95×) | best max/mean load of any policy |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for trace, entry in report["traces"].items():
+        rows = entry["rows"]
+        ours = next(r for r in rows if r["policy"] == "ours" and r["buckets"])
+        off = min((r for r in rows if not r["buckets"]), key=lambda r: r["ttft_p99_short_s"])
+        aware = max((r for r in rows if r["policy"] in ("sglang_cache_aware", "dynamo_cost")),
+                    key=lambda r: r["hit_rate"])
+        flat = min(rows, key=lambda r: r["max_mean_load"])
+
+        def mark(value: float, ok: bool, fmt: str) -> str:
+            return fmt.format(value) if ok else "**" + fmt.format(value) + "**"
+
+        short_ok = ours["ttft_p99_short_s"] <= 0.5 * off["ttft_p99_short_s"]
+        lines.append(
+            f"| {trace} | {entry['meta']['instances_per_bucket']} | "
+            f"{mark(ours['max_mean_load'], ours['max_mean_load'] <= 1.2, '{:.2f}')} | "
+            f"{mark(ours['ttft_p99_short_s'], short_ok, '{:.2f}')} | "
+            f"{off['ttft_p99_short_s']:.2f} ({off['policy']}) | "
+            f"{mark(ours['hit_rate'], ours['hit_rate'] >= 0.95 * aware['hit_rate'], '{:.3f}')} | "
+            f"{aware['hit_rate']:.3f} ({aware['policy']}, buckets "
+            f"{'on' if aware['buckets'] else 'off'}) | {flat['max_mean_load']:.2f} "
+            f"({flat['policy']}, buckets {'on' if flat['buckets'] else 'off'}) |")
+    return "\n".join(lines)
+
+
+def render_prefetch(report: dict) -> str:
+    """``bench/prefetch.py --results``: the engine's load of a cold-tier hit, with and without
+    the router's prefetch."""
+    ms, args = report["median_ms"], report["args"]
+    return "\n".join([
+        f"Measured {report['date']} by `python bench/prefetch.py --results`: {args['prefixes']} "
+        f"prefixes of {args['pages']} pages of MiMo-V2.5-Pro's KV (values at 1/{args['scale']}, "
+        f"{report['prefix_mib']:.1f} MiB each), pushed out to one server's cold tier; medians. "
+        "Disk reads come from the page cache, so the cold figure is the promotion's own cost, a "
+        "lower bound for a real disk.", "",
+        "| the engine's load of a cold-tier hit | ms |", "|---|---:|",
+        f"| without prefetch (promoted during the load) | {ms['cold']:.1f} |",
+        f"| after the router's prefetch | {ms['prefetched']:.1f} |",
+        f"| the prefetch itself, beside the request before its load | {ms['prefetch']:.1f} |",
+        "",
+        f"A request's time to first token drops by the difference, "
+        f"{ms['cold'] - ms['prefetched']:.1f} ms here, when the prefetch is done by the time its "
+        "engine loads (it runs while the request travels, queues and is scheduled)."])
+
+
 SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
             "files": ("files-latest.json", render_files),
             "multimodal": ("multimodal-latest.json", render_multimodal),
             "metadata": ("metadata-latest.json", render_metadata),
             "master": ("master-latest.json", render_master),
             "replay": ("replay-latest.json", render_replay),
+            "replay-suite": ("replay-suite-latest.json", render_replay_suite),
+            "routing-suite": ("routing-suite-latest.json", render_routing_suite),
+            "prefetch": ("prefetch-latest.json", render_prefetch),
             "tiers": ("tiers-latest.json", render_tiers),
             "engine": ("engine-latest.json", render_engine)}
 
