@@ -49,6 +49,9 @@ FLAG_PINNED = 0x10
 # Servers that take it say ``"parents": true`` in HELLO; a client sends it to no other.
 FLAG_PARENT = 0x20
 PARENT_MAX = 63          # a parent's bytes fit the 6 spare bits of the record's read byte
+# AUTH flag: the connection proves a tenant (``gcache.tenant_token``): the payload is the
+# 32-byte proof then the tenant's name, and every key it sends is that tenant's.
+FLAG_TENANT = 0x40
 
 
 def with_parent(key: bytes, parent: bytes) -> bytes:
@@ -85,7 +88,8 @@ class Op(enum.IntEnum):
     BATCH_PUT = 13   # entry table, keys, values -> count status bytes
     HELLO = 14       # -> JSON server facts; on a Unix socket also the arena's descriptor
     BATCH_LEASE = 15 # count keys -> lease table (status, handle, offset, length, checksum)
-    AUTH = 16        # payload HMAC-SHA256(token, nonce || AUTH_CONTEXT) -> as HELLO's reply
+    AUTH = 16        # payload HMAC-SHA256(token, nonce || AUTH_CONTEXT) -> as HELLO's reply;
+                     # FLAG_TENANT: a tenant's proof, then its name
     LIST = 17        # key prefix, payload the last key of the previous page, count the most
                      # keys -> the pinned keys after it, in order (``encode_keys``), and count
     PREFETCH = 18    # count keys -> count ``Prefetched`` bytes: each key brought from the cold

@@ -112,6 +112,49 @@ class MasterClient:
             "ListEngines", lambda s: s.ListEngines, pb.ListEnginesRequest())
         return list(reply.engines)
 
+    # ---- tenants (the cluster token's; ``gcache.master.tenant_rpcs``) ------------------------
+
+    def add_tenant(self, name: str, *, memory_quota_bytes: int = 0,
+                   disk_quota_bytes: int = 0) -> pb.AddTenantReply:
+        """A new tenant; the reply holds its token, shown this once."""
+        reply: pb.AddTenantReply = self._call("AddTenant", lambda s: s.AddTenant,
+                                              pb.AddTenantRequest(
+                                                  name=name,
+                                                  memory_quota_bytes=memory_quota_bytes,
+                                                  disk_quota_bytes=disk_quota_bytes))
+        return reply
+
+    def set_tenant(self, name: str, *, memory_quota_bytes: int | None = None,
+                   disk_quota_bytes: int | None = None,
+                   new_token: bool = False) -> pb.SetTenantReply:
+        """New quotas (None: unchanged); ``new_token``: a fresh token in the reply (a revoked
+        tenant is active again)."""
+        request = pb.SetTenantRequest(name=name, new_token=new_token)
+        if memory_quota_bytes is not None:
+            request.memory_quota_bytes = memory_quota_bytes
+        if disk_quota_bytes is not None:
+            request.disk_quota_bytes = disk_quota_bytes
+        reply: pb.SetTenantReply = self._call("SetTenant", lambda s: s.SetTenant, request)
+        return reply
+
+    def revoke_tenant(self, name: str) -> pb.Tenant:
+        reply: pb.TenantReply = self._call("RevokeTenant", lambda s: s.RevokeTenant,
+                                           pb.TenantNameRequest(name=name))
+        return reply.tenant
+
+    def remove_tenant(self, name: str) -> pb.Tenant:
+        """The tenant is gone; every server deletes its values when it learns so."""
+        reply: pb.TenantReply = self._call("RemoveTenant", lambda s: s.RemoveTenant,
+                                           pb.TenantNameRequest(name=name))
+        return reply.tenant
+
+    def tenants(self, since_version: int = 0) -> pb.TenantTable:
+        """The tenant table with token hashes, or ``changed=False`` when ``since_version`` is
+        current."""
+        reply: pb.TenantTable = self._call("GetTenants", lambda s: s.GetTenants,
+                                           pb.GetTenantsRequest(since_version=since_version))
+        return reply
+
     # ---- one call, over every member ---------------------------------------------------------
 
     def _call(self, name: str, method: Callable[[pb_grpc.MasterStub], Callable[..., Reply]],

@@ -1,5 +1,5 @@
 """``gcache``: the operator's command line (local demo cluster, stat, put, get, status, top,
-explain).
+explain, tenant).
 
 This package sits above the SDK: it uses ``gcache.sdk`` and starts ``gcache-server`` as
 processes, never running server code in-process (``replay`` reads the arena's record size, a
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gcache.cli import arenas, explain, plan, replay, top
+from gcache.cli import arenas, explain, plan, replay, tenants, top
 from gcache.cli import files as files_cmd
 from gcache.config import parse_size
 from gcache.errors import GCacheError, InvalidRequest
@@ -265,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_parser(sub)
     explain.add_parser(sub)
     files_cmd.add_parser(sub)
+    tenants.add_parser(sub)
     return parser
 
 

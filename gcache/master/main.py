@@ -22,8 +22,9 @@ from gcache.config_loader import config_from_args, redacted
 from gcache.errors import GCacheError, MasterError
 from gcache.master.liveness import Liveness
 from gcache.master.raft import RaftGroup
-from gcache.master.service import MasterService, TokenCheck
+from gcache.master.service import MasterService
 from gcache.master.state import AnnounceMaster
+from gcache.master.token_check import TokenCheck
 from gcache.placement import Placement
 from gcache.proto import master_pb2_grpc as pb_grpc
 
@@ -79,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     if config.metrics_listen:
         from gcache.master.metrics import serve_metrics
         serve_metrics(config.metrics_listen, group, liveness, token=config.token)
-    interceptors: list[grpc.ServerInterceptor] = [TokenCheck(config.token)] if config.token else []
+    interceptors: list[grpc.ServerInterceptor] = (
+        [TokenCheck(config.token, lambda: group.state.tenants)] if config.token else [])
     server = grpc.server(ThreadPoolExecutor(16, thread_name_prefix="gcache-rpc"),
                          interceptors=interceptors)
     placement = Placement(config.vnodes, config.group_width)
     # grpcio-tools generates master_pb2_grpc without annotations
     pb_grpc.add_MasterServicer_to_server(  # type: ignore[no-untyped-call]
-        MasterService(group, liveness, placement), server)
+        MasterService(group, liveness, placement, secured=config.token is not None), server)
     if server.add_insecure_port(config.listen) == 0:
         sys.stderr.write(f"gcache-master: cannot listen on {config.listen}\n")
         group.close()

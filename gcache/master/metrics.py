@@ -28,7 +28,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 RPCS = ("Register", "Heartbeat", "GetClusterMap", "Drain", "Leave", "Status", "AnnounceEngine",
-        "ListEngines")
+        "ListEngines", "AddTenant", "SetTenant", "RevokeTenant", "RemoveTenant", "GetTenants")
 # From a map answered out of memory (tens of µs) to a Raft commit under an election (seconds).
 LATENCY_BUCKETS_S = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -1,4 +1,5 @@
-"""The master's gRPC service (``gcache/proto/master.proto``) and its token check.
+"""The master's gRPC service (``gcache/proto/master.proto``); the tenant calls are
+``tenant_rpcs``', the token check ``token_check``'s.
 
 Reads (GetClusterMap, Status) are answered from this member's applied state, which may lag
 the leader's by a few entries; clients never move to a map older than the one they have. A
@@ -12,10 +13,7 @@ in the ``gcache-leader`` trailing metadata; ``gcache.master_client`` follows it.
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import Callable
-from typing import TypeVar, cast
 
 import grpc
 
@@ -25,15 +23,13 @@ from gcache.master.liveness import Liveness
 from gcache.master.metrics import timed
 from gcache.master.raft import RaftGroup
 from gcache.master.state import Applied, Command, Drain, Leave, Refused, Register, ServerRecord
-from gcache.master_client import LEADER_KEY, STATE_NAMES, TOKEN_KEY
+from gcache.master.tenant_rpcs import TenantRpcs
+from gcache.master_client import LEADER_KEY, STATE_NAMES
 from gcache.placement import Placement
 from gcache.proto import master_pb2 as pb
 from gcache.proto import master_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-Request = TypeVar("Request")
-Response = TypeVar("Response")
 
 STATE_TO_PB = {name: state for state, name in STATE_NAMES.items()}   # the one table, inverted
 
@@ -43,9 +39,11 @@ def server_pb(record: ServerRecord) -> pb.Server:
                      capacity_bytes=record.capacity_bytes, state=STATE_TO_PB[record.state])
 
 
-class MasterService(pb_grpc.MasterServicer):
-    def __init__(self, group: RaftGroup, liveness: Liveness, placement: Placement) -> None:
-        self.group, self.liveness = group, liveness
+class MasterService(TenantRpcs, pb_grpc.MasterServicer):
+    def __init__(self, group: RaftGroup, liveness: Liveness, placement: Placement, *,
+                 secured: bool = False) -> None:
+        """``secured``: the group has a cluster token (tenants need one)."""
+        self.group, self.liveness, self.secured = group, liveness, secured
         self._placement = placement.to_pb()
         self.engines = EngineRegistry()
 
@@ -78,7 +76,8 @@ class MasterService(pb_grpc.MasterServicer):
         # gcache.server.mutable_keys), before liveness marks it alive and clients route to it.
         epoch, state = self.group.state.epoch, STATE_TO_PB[record.state]
         self.liveness.beat(request.id)
-        return pb.HeartbeatReply(epoch=epoch, state=state)
+        return pb.HeartbeatReply(epoch=epoch, state=state,
+                                 tenants_version=self.group.state.tenants.version)
 
     @timed
     def GetClusterMap(self, request: pb.GetClusterMapRequest,
@@ -163,32 +162,3 @@ class MasterService(pb_grpc.MasterServicer):
         context.set_trailing_metadata(((LEADER_KEY, target),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"not the leader; the leader is {target or 'unknown (election running)'}")
-
-
-class TokenCheck(grpc.ServerInterceptor):
-    """Refuses every call whose ``gcache-token`` metadata is missing or wrong."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails],
-                               grpc.RpcMethodHandler[Request, Response] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Request, Response] | None:
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        given = metadata.get(TOKEN_KEY)
-        if given is None:
-            return _refusal("cluster token missing: send it in the gcache-token metadata")
-        # a text key's value is a str: only "-bin" keys carry bytes
-        if not hmac.compare_digest(cast(str, given).encode(), self._token):
-            return _refusal("cluster token wrong")
-        return continuation(handler_call_details)
-
-
-def _refusal(message: str) -> grpc.RpcMethodHandler[Request, Response]:
-    # Stands in for any method's handler: it reads no request and sends no response.
-    def abort(request: object, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-    return grpc.unary_unary_rpc_method_handler(abort)

@@ -12,6 +12,8 @@ Invariants:
   holds them in memory), so a healthy cluster's epoch stands still.
 - The map (what clients place keys on) is the servers that are alive or suspect: a suspect server
   keeps its keys until it is declared dead; draining, dead and departed servers are out.
+- The tenant table (``tenants.TenantTable``) has a version of its own: tenants change no
+  placement, so they never move the epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gcache.errors import InvalidRequest
+from gcache.master.tenants import (
+    AddTenant,
+    RemoveTenant,
+    RevokeTenant,
+    SetTenant,
+    TenantCommand,
+    TenantTable,
+)
 
 STATES = ("alive", "suspect", "dead", "draining", "left")
 
@@ -66,14 +76,16 @@ class AnnounceMaster:
     grpc: str
 
 
-Command = Register | SetState | Drain | Leave | AnnounceMaster
+Command = Register | SetState | Drain | Leave | AnnounceMaster | TenantCommand
+TENANT_COMMANDS = (AddTenant, SetTenant, RevokeTenant, RemoveTenant)
 
 
 # ---- results ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """The command took effect (or changed nothing); the map's epoch after it."""
+    """The command took effect (or changed nothing); the map's epoch after it (a tenant
+    command's: the tenant table's version)."""
     epoch: int
 
 
@@ -91,6 +103,12 @@ class ClusterState:
         self.servers: dict[str, ServerRecord] = {}
         self.epoch = 0
         self.masters: dict[str, str] = {}    # raft address -> gRPC address, for redirects
+        self.tenants = TenantTable()
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A snapshot written before tenants existed has no table: an empty one."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("tenants", TenantTable())
 
     def apply(self, command: Command) -> Result:
         """Apply one command. Drain and leave check their precondition here, in log order,
@@ -112,6 +130,9 @@ class ClusterState:
         if isinstance(command, AnnounceMaster):
             self.masters[command.raft] = command.grpc
             return Applied(self.epoch)
+        if isinstance(command, TENANT_COMMANDS):
+            refused = self.tenants.apply(command)
+            return Refused(refused) if refused else Applied(self.tenants.version)
         raise InvalidRequest(f"unknown command {command!r}")
 
     def _register(self, record: ServerRecord) -> int:

@@ -15,12 +15,21 @@ class ServerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEAD: _ClassVar[ServerState]
     DRAINING: _ClassVar[ServerState]
     LEFT: _ClassVar[ServerState]
+
+class TenantState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TENANT_STATE_UNSPECIFIED: _ClassVar[TenantState]
+    ACTIVE: _ClassVar[TenantState]
+    REVOKED: _ClassVar[TenantState]
 SERVER_STATE_UNSPECIFIED: ServerState
 ALIVE: ServerState
 SUSPECT: ServerState
 DEAD: ServerState
 DRAINING: ServerState
 LEFT: ServerState
+TENANT_STATE_UNSPECIFIED: TenantState
+ACTIVE: TenantState
+REVOKED: TenantState
 
 class Server(_message.Message):
     __slots__ = ("id", "address", "host_id", "capacity_bytes", "state")
@@ -57,12 +66,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("epoch", "state")
+    __slots__ = ("epoch", "state", "tenants_version")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     state: ServerState
-    def __init__(self, epoch: _Optional[int] = ..., state: _Optional[_Union[ServerState, str]] = ...) -> None: ...
+    tenants_version: int
+    def __init__(self, epoch: _Optional[int] = ..., state: _Optional[_Union[ServerState, str]] = ..., tenants_version: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("vnodes", "group_width")
@@ -169,3 +180,85 @@ class ListEnginesReply(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     engines: _containers.RepeatedCompositeFieldContainer[Engine]
     def __init__(self, engines: _Optional[_Iterable[_Union[Engine, _Mapping]]] = ...) -> None: ...
+
+class Tenant(_message.Message):
+    __slots__ = ("name", "id", "token_sha256", "memory_quota_bytes", "disk_quota_bytes", "state")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    id: int
+    token_sha256: bytes
+    memory_quota_bytes: int
+    disk_quota_bytes: int
+    state: TenantState
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., token_sha256: _Optional[bytes] = ..., memory_quota_bytes: _Optional[int] = ..., disk_quota_bytes: _Optional[int] = ..., state: _Optional[_Union[TenantState, str]] = ...) -> None: ...
+
+class AddTenantRequest(_message.Message):
+    __slots__ = ("name", "memory_quota_bytes", "disk_quota_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    memory_quota_bytes: int
+    disk_quota_bytes: int
+    def __init__(self, name: _Optional[str] = ..., memory_quota_bytes: _Optional[int] = ..., disk_quota_bytes: _Optional[int] = ...) -> None: ...
+
+class AddTenantReply(_message.Message):
+    __slots__ = ("token", "tenant")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    tenant: Tenant
+    def __init__(self, token: _Optional[str] = ..., tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+
+class SetTenantRequest(_message.Message):
+    __slots__ = ("name", "memory_quota_bytes", "disk_quota_bytes", "new_token")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    memory_quota_bytes: int
+    disk_quota_bytes: int
+    new_token: bool
+    def __init__(self, name: _Optional[str] = ..., memory_quota_bytes: _Optional[int] = ..., disk_quota_bytes: _Optional[int] = ..., new_token: _Optional[bool] = ...) -> None: ...
+
+class SetTenantReply(_message.Message):
+    __slots__ = ("token", "tenant")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    tenant: Tenant
+    def __init__(self, token: _Optional[str] = ..., tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+
+class TenantNameRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TenantReply(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+
+class GetTenantsRequest(_message.Message):
+    __slots__ = ("since_version",)
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    since_version: int
+    def __init__(self, since_version: _Optional[int] = ...) -> None: ...
+
+class TenantTable(_message.Message):
+    __slots__ = ("version", "changed", "tenants")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    changed: bool
+    tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
+    def __init__(self, version: _Optional[int] = ..., changed: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from gcache.proto import master_pb2 as gcache_dot_proto_dot_master__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -74,6 +74,31 @@ class MasterStub:
                 request_serializer=gcache_dot_proto_dot_master__pb2.ListEnginesRequest.SerializeToString,
                 response_deserializer=gcache_dot_proto_dot_master__pb2.ListEnginesReply.FromString,
                 _registered_method=True)
+        self.AddTenant = channel.unary_unary(
+                '/gcache.master.Master/AddTenant',
+                request_serializer=gcache_dot_proto_dot_master__pb2.AddTenantRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.AddTenantReply.FromString,
+                _registered_method=True)
+        self.SetTenant = channel.unary_unary(
+                '/gcache.master.Master/SetTenant',
+                request_serializer=gcache_dot_proto_dot_master__pb2.SetTenantRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.SetTenantReply.FromString,
+                _registered_method=True)
+        self.RevokeTenant = channel.unary_unary(
+                '/gcache.master.Master/RevokeTenant',
+                request_serializer=gcache_dot_proto_dot_master__pb2.TenantNameRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.TenantReply.FromString,
+                _registered_method=True)
+        self.RemoveTenant = channel.unary_unary(
+                '/gcache.master.Master/RemoveTenant',
+                request_serializer=gcache_dot_proto_dot_master__pb2.TenantNameRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.TenantReply.FromString,
+                _registered_method=True)
+        self.GetTenants = channel.unary_unary(
+                '/gcache.master.Master/GetTenants',
+                request_serializer=gcache_dot_proto_dot_master__pb2.GetTenantsRequest.SerializeToString,
+                response_deserializer=gcache_dot_proto_dot_master__pb2.TenantTable.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -127,6 +152,36 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +224,31 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListEngines,
                     request_deserializer=gcache_dot_proto_dot_master__pb2.ListEnginesRequest.FromString,
                     response_serializer=gcache_dot_proto_dot_master__pb2.ListEnginesReply.SerializeToString,
+            ),
+            'AddTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTenant,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.AddTenantRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.AddTenantReply.SerializeToString,
+            ),
+            'SetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenant,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.SetTenantRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.SetTenantReply.SerializeToString,
+            ),
+            'RevokeTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTenant,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.TenantNameRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.TenantReply.SerializeToString,
+            ),
+            'RemoveTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveTenant,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.TenantNameRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.TenantReply.SerializeToString,
+            ),
+            'GetTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenants,
+                    request_deserializer=gcache_dot_proto_dot_master__pb2.GetTenantsRequest.FromString,
+                    response_serializer=gcache_dot_proto_dot_master__pb2.TenantTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +467,141 @@ class Master:
             '/gcache.master.Master/ListEngines',
             gcache_dot_proto_dot_master__pb2.ListEnginesRequest.SerializeToString,
             gcache_dot_proto_dot_master__pb2.ListEnginesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/AddTenant',
+            gcache_dot_proto_dot_master__pb2.AddTenantRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.AddTenantReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/SetTenant',
+            gcache_dot_proto_dot_master__pb2.SetTenantRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.SetTenantReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/RevokeTenant',
+            gcache_dot_proto_dot_master__pb2.TenantNameRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.TenantReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/RemoveTenant',
+            gcache_dot_proto_dot_master__pb2.TenantNameRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.TenantReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gcache.master.Master/GetTenants',
+            gcache_dot_proto_dot_master__pb2.GetTenantsRequest.SerializeToString,
+            gcache_dot_proto_dot_master__pb2.TenantTable.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,13 @@
 
 Invariants (not thread-safe: the tier's lock guards an arena):
 - A claim takes a *span*: one segment, or consecutive segments holding one large record alone.
-  Records are appended to the one open segment; when it is full another span is claimed.
+  Records are appended to the open segment; when it is full another span is claimed.
+- Every span has one owner (``Segment.owner``: a tenant's id, or 0 for the administrator's
+  keys, ``tenant_keys``), and each owner has an open segment of its own, so a tenant's values
+  live in spans of its own and its oldest values are whole spans. ``held`` counts the bytes of
+  each owner's spans (a one-segment span's fill, a larger span whole), what its quota is
+  measured by; ``windows`` says which owners a window touches (``Candidate.own``,
+  ``protected``), so the eviction rule can keep tenants within their quotas.
 - Every span starts with a header (``SPAN``, two checked copies) carrying its age (claim order)
   and the record sequence number its claim consumed: every record written in the span later is
   newer, every leftover of the span's previous use older, so a restart tells them apart.
@@ -25,52 +31,29 @@ first touches cost about 10x a warm copy on these machines and must not land on 
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import mmap
 import os
 import uuid
 from array import array
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT, format_size
+from gcache.config import SHM_NAME_RULE, SHM_NAME_TEXT
 from gcache.errors import ConfigError
 from gcache.eviction import FREE, NEVER_WRITTEN, Candidate, is_young
 from gcache.record_layout import SPAN_HEADER_BYTES, span_segments
+from gcache.server.arena_file import check_room, load_or_create_secret
 from gcache.server.huge_pages import advise_huge_pages
 from gcache.server.span_header import write_span_header
 
 log = logging.getLogger(__name__)
 ARENA_DIR = "/dev/shm"
-SECRET_BYTES = 32                    # the header checks' key, in ``<arena>.key`` (0600)
 PAGE = 4096
-
-
-def load_or_create_secret(arena_path: str, *, attached: bool) -> tuple[bytes, bool]:
-    """The key of an arena's header checks, kept beside it in ``<arena>.key`` (0600): clients
-    map the arena, never this file; and whether it was there already. A re-attached arena
-    keeps its key; a new one gets a fresh one, and so does one whose key is gone (its checked
-    records cannot be trusted then; a format 2 arena never had one)."""
-    path = arena_path + ".key"
-    if attached:
-        try:
-            with open(path, "rb") as fh:
-                secret = fh.read()
-            if len(secret) == SECRET_BYTES:
-                return secret, True
-        except FileNotFoundError:
-            pass
-        log.info("arena.key_missing path=%s: records that need it cannot be verified", path)
-    secret = os.urandom(SECRET_BYTES)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, secret)
-    finally:
-        os.close(fd)
-    return secret, False
 
 
 @dataclass(slots=True)
@@ -91,20 +74,7 @@ class Segment:
     # value bytes here that can no longer hit, as the tier's last sweep counted them (heads of
     # one-segment spans only)
     unreachable: int = 0
-
-
-def _check_room(fd: int, path: str, size_bytes: int) -> None:
-    """Refuse an arena its tmpfs cannot hold: the mapping would succeed and the first touch of a
-    page past the room (the prefault, or a write) would kill the server with SIGBUS, which a
-    restart policy turns into a crash loop. Pages the file holds already count as room: an
-    attached arena keeps them, another one's are freed when it is emptied."""
-    held = os.fstat(fd).st_blocks * 512
-    fs = os.fstatvfs(fd)
-    free = fs.f_bavail * fs.f_frsize
-    if size_bytes - held > free:
-        raise ConfigError("memory", size_bytes, f"{os.path.dirname(path)} has "
-                          f"{format_size(free)} free for {path}; size it over memory "
-                          "(docs/operations.md) or lower memory")
+    owner: int = 0                # whose values it holds (heads only): a tenant id, 0 admin
 
 
 class Arena:
@@ -132,7 +102,8 @@ class Arena:
             self._prefault()
         self.segments = [Segment(i) for i in range(count)]
         self.free_segments = count
-        self._open: Segment | None = None
+        self._open: dict[int, Segment] = {}        # owner -> its open segment
+        self.held: collections.Counter[int] = collections.Counter()   # owner -> span bytes
         self._next_seq = 0                # span ages
         self._next_record_seq = 1         # record sequence numbers (see the module docstring)
         self.written = 0                  # bytes of values clients committed, copies not counted
@@ -151,7 +122,7 @@ class Arena:
             raise ConfigError("shm_name", name, f"{self.path} is in use by another running "
                               "server; give each server its own --shm-name") from exc
         try:
-            _check_room(fd, self.path, self.size_bytes)
+            check_room(fd, self.path, self.size_bytes)
             os.fchmod(fd, 0o600)
             self.attached = os.fstat(fd).st_size == self.size_bytes   # a previous life's arena
             # a key file means a format 3 or later server has used this arena: format 2 spans
@@ -200,18 +171,19 @@ class Arena:
 
     # ---- claims -----------------------------------------------------------------------------
 
-    def allocate_open(self, n_bytes: int) -> tuple[Segment, int] | None:
-        """``n_bytes`` from the open segment, or None when it has no room."""
-        head = self.fits_open(n_bytes)
+    def allocate_open(self, n_bytes: int, owner: int = 0) -> tuple[Segment, int] | None:
+        """``n_bytes`` from ``owner``'s open segment, or None when it has no room."""
+        head = self.fits_open(n_bytes, owner)
         if head is None:
             return None
         offset = head.index * self.segment_size + head.fill
         head.fill += n_bytes
+        self.held[owner] += n_bytes
         return head, offset
 
-    def fits_open(self, n_bytes: int) -> Segment | None:
-        """The open segment when ``n_bytes`` fit in it."""
-        head = self._open
+    def fits_open(self, n_bytes: int, owner: int = 0) -> Segment | None:
+        """``owner``'s open segment when ``n_bytes`` fit in it."""
+        head = self._open.get(owner)
         return head if head is not None and head.fill + n_bytes <= self.segment_size else None
 
     def span_of(self, n_bytes: int) -> int:
@@ -219,14 +191,18 @@ class Arena:
         return span_segments(n_bytes, self.segment_size)
 
     def windows(self, span: int, *, ignore_pins: bool = False, clean_only: bool = False,
-                count_unreachable: bool = False) -> Iterator[Candidate]:
+                count_unreachable: bool = False, claimant: int = 0,
+                over_quota: Container[int] | None = None) -> Iterator[Candidate]:
         """Every window of ``span`` consecutive segments that could be reclaimed, as the
         eviction rule's candidates, in order: none touches a span pinned (unless
         ``ignore_pins``), holding kept values or, with ``clean_only``, not clean. With
-        ``count_unreachable`` a one-segment window carries its span's unreachable bytes."""
+        ``count_unreachable`` a one-segment window carries its span's unreachable bytes.
+        ``claimant``: the owner the room is for; ``over_quota``: the owners over their quota
+        (None: no quotas, no span is protected)."""
         segments = self.segments
         for start in range(len(segments) - span + 1):
             age, young, mark, movable = FREE, False, NEVER_WRITTEN, True
+            own, protected = True, False
             for index in range(start, start + span):
                 seg = segments[index]
                 if seg.head < 0:
@@ -238,13 +214,18 @@ class Arena:
                     break
                 age, young = max(age, head.seq), young or self.is_young(head)
                 mark = max(mark, head.fresh_mark)
+                if head.owner != claimant:
+                    own = False
+                    protected = protected or (over_quota is not None
+                                              and head.owner not in over_quota)
             if not movable:
                 continue
             unreachable = 0
             if count_unreachable and span == 1 and age != FREE:
                 head = segments[segments[start].head]
                 unreachable = head.unreachable if head.span == 1 else 0
-            yield Candidate(start, age, mark, young, unreachable, self.segment_size)
+            yield Candidate(start, age, mark, young, unreachable, self.segment_size, protected,
+                            own)
 
     def heads_in(self, start: int, span: int) -> list[Segment]:
         """The heads of the spans a window touches, in order."""
@@ -253,8 +234,12 @@ class Arena:
 
     def free(self, head: Segment) -> None:
         """Give a span's segments back (its owner has forgotten its records)."""
-        if head is self._open:
-            self._open = None
+        if self.is_open(head):
+            del self._open[head.owner]
+        self.held[head.owner] -= self.held_by(head)
+        if self.held[head.owner] <= 0:
+            del self.held[head.owner]
+        head.owner = 0
         self.free_segments += head.span
         for index in range(head.index, head.index + head.span):
             seg = self.segments[index]
@@ -262,12 +247,14 @@ class Arena:
             seg.unreachable = 0
         head.hashes = array("Q")
 
-    def claim(self, start: int, n_bytes: int) -> tuple[Segment, int]:
-        """Claim the free window at ``start`` for a first record of ``n_bytes``; returns the
-        span's head and the record's offset. A one-segment span becomes the open segment."""
+    def claim(self, start: int, n_bytes: int, owner: int = 0) -> tuple[Segment, int]:
+        """Claim the free window at ``start`` for ``owner``'s first record of ``n_bytes``;
+        returns the span's head and the record's offset. A one-segment span becomes the
+        owner's open segment."""
         span = self.span_of(n_bytes)
-        self._open = None
+        self._open.pop(owner, None)
         head = self.segments[start]
+        head.owner = owner
         head.seq, head.span, head.pins, head.clean = self._next_seq, span, 0, False
         head.kept = head.unreachable = 0
         head.fill, head.fresh_mark = SPAN_HEADER_BYTES + n_bytes, NEVER_WRITTEN
@@ -280,15 +267,28 @@ class Arena:
         write_span_header(self.view, start * self.segment_size, self.secret, span=span,
                           claim_seq=self.next_record_seq(), age=head.seq)
         if span == 1:
-            self._open = head
+            self._open[owner] = head
+        self.held[owner] += self.held_by(head)
         return head, start * self.segment_size + SPAN_HEADER_BYTES
 
-    def seal_open(self) -> None:
-        """Stop appending to the open segment: the next record claims a new span."""
-        self._open = None
+    def seal_open(self, owner: int = 0) -> None:
+        """Stop appending to ``owner``'s open segment: its next record claims a new span."""
+        self._open.pop(owner, None)
 
     def is_open(self, head: Segment) -> bool:
-        return head is self._open
+        return self._open.get(head.owner) is head
+
+    def held_by(self, head: Segment) -> int:
+        """The bytes a span holds of its owner's quota: its fill, or all of a larger span."""
+        return head.span * self.segment_size if head.span > 1 else head.fill
+
+    def set_owner(self, head: Segment, owner: int) -> None:
+        """A recovered span's owner (recovery tells it from a key of the span's records)."""
+        self.held[head.owner] -= self.held_by(head)
+        if self.held[head.owner] <= 0:
+            del self.held[head.owner]
+        head.owner = owner
+        self.held[owner] += self.held_by(head)
 
     def is_young(self, head: Segment) -> bool:
         """Whether a client committed a value in this span within the last quarter arena of
@@ -315,6 +315,8 @@ class Arena:
         for start, span, age, fill, hashes in heads:
             head = self.segments[start]
             head.seq, head.span, head.fill, head.pins, head.hashes = age, span, fill, 0, hashes
+            head.owner = 0
+            self.held[0] += self.held_by(head)
             self.free_segments -= span
             for index in range(start, start + span):
                 self.segments[index].head = start
@@ -328,9 +330,9 @@ class Arena:
         segment is sealed when it is the only one left, so a demoter can always progress."""
         heads = [s for s in self.segments
                  if s.head == s.index and not s.clean and s.pins == 0 and s.kept == 0]
-        sealed = [s for s in heads if s is not self._open]
+        sealed = [s for s in heads if not self.is_open(s)]
         if not sealed and heads:
-            self._open = None
+            self._open.clear()
             sealed = heads
         return min(sealed, key=lambda s: s.seq, default=None)
 
@@ -344,7 +346,7 @@ class Arena:
         count = 0
         for seg in self.segments:
             head = self.segments[seg.head] if seg.head >= 0 else None
-            count += head is None or (head.clean and head.pins == 0 and head is not self._open)
+            count += head is None or (head.clean and head.pins == 0 and not self.is_open(head))
         return count
 
     # ---- lookups ----------------------------------------------------------------------------

@@ -6,6 +6,8 @@ the tier's batch path when it has one (``tier_protocol.Batches``): a BATCH_GET c
 to one IO in all out under the tier's lock (no lease to take and give back per key), and a
 BATCH_PUT of at most one IO of values is received whole and stored together; the rest, and
 what only the disk holds, go value by value through leases and writes, as single requests do.
+Every key is scoped by the connection's tenant (``tenant_keys``) as it is read, and a LIST
+answers only keys of the connection's own scope, as that scope sees them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def batch_get(handler: ConnectionHandler, h: Header) -> None:
         for i, copy in zip(shown, copies, strict=True):
             if copy is not None:
                 results[i] = copy
+        hits = len(shown) - copies.count(None)
+        handler.counted["hits"] += hits
+        handler.counted["misses"] += len(keys) - hits - len(left)
+    else:
+        handler.counted["misses"] += len(keys) - len(shown)
     held: list[Lease] = []
     try:
         for j in left:
@@ -100,6 +107,7 @@ def batch_put(handler: ConnectionHandler, h: Header) -> None:
     if h.flags & FLAG_PARENT:
         split = [split_parent(k) for k in keys]
         keys, parents = [k for k, _ in split], [p for _, p in split]
+    keys = [handler.scope.inner(k) for k in keys]
     if values_len <= handler.config.io_size:
         statuses = _put_received(handler, h, keys, entries, values_len, parents)
     else:
@@ -108,6 +116,8 @@ def batch_put(handler: ConnectionHandler, h: Header) -> None:
                          for i, (key, (_, length, expected))
                          in enumerate(zip(keys, entries, strict=True)))
     BYTES_IN.inc(values_len)
+    handler.counted["puts"] += statuses.count(Status.OK)
+    handler.counted["refusals"] += statuses.count(Status.NO_SPACE)
     handler.reply(h, Status.OK, payload=(statuses,), count=h.count)
 
 
@@ -187,12 +197,15 @@ def list_pinned(handler: ConnectionHandler, h: Header, prefix: bytes) -> None:
     """A page of the pinned keys under ``prefix``: those a read would find (a hidden one may be
     older than a put elsewhere, ``mutable_keys``)."""
     after = bytes(handler.recv_bytes(h.payload_len))
+    scope = handler.scope
+    after = scope.inner(after) if after else b""
     keys: list[bytes] = []
     tier = handler.tier
     while isinstance(tier, Listing) and len(keys) < h.count:   # a short page is the last
         page = tier.pinned_keys(prefix, after=after, limit=h.count - len(keys))
         if not page:
             break
-        keys += (k for k in page if not handler.mutable.hidden(k))
+        keys += (scope.outer(k) for k in page
+                 if scope.owns(k) and not handler.mutable.hidden(k))
         after = page[-1]
     handler.reply(h, Status.OK, payload=(encode_keys(keys),), count=len(keys))

@@ -16,6 +16,11 @@ Invariants:
 - Values put pinned (a file's parts) are flagged in the index (the file number's top bit) and
   never evicted by the disk budget: evicting a file first copies its live pinned values forward
   into the current file. Their keys are also kept in memory, for ``pinned_keys``.
+- Tenants (``tenant_keys``): the live value bytes of each owner are counted (from the index at
+  start, then on every put, delete and eviction). A tenant at its disk quota (``DiskQuotas``)
+  drops its own oldest values first, down to seven eighths of the quota, so one scan of its
+  keys pays for many puts; a file evicted for the disk budget carries forward the values of
+  tenants within their disk quota, as it does pinned ones, so nobody else's traffic takes them.
 
 Why this design over values inside RocksDB (``cold_blobs``): rocksdict returns every read as a
 fresh ``bytes``, so a blob-file read costs a copy more, and its writes go through RocksDB's WAL
@@ -25,15 +30,16 @@ README).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import struct
 import threading
-from typing import cast
+from typing import Protocol, cast
 
 from gcache.errors import ConfigError
-from gcache.keys import MAX_KEY_BYTES
 from gcache.server.cold_index import ColdEntry, open_index
+from gcache.server.tenant_keys import ADMIN, MAX_INTERNAL_KEY_BYTES, owner_of, prefix
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +51,22 @@ PINNED = 1 << 31                       # in the file number: the value was put p
 FILE_BYTES = 64 << 20
 
 
+class DiskQuotas(Protocol):
+    """Each owner's disk quota on this server (``gcache.server.tenant_table``)."""
+
+    def disk_quota(self, owner: int) -> int:
+        """Bytes of values ``owner`` may keep on disk against others; 0: none."""
+
+
 class SegmentColdStore:
     """Cold values in segment files under ``path``; thread-safe."""
 
     read_chunk_bytes = 256 << 10   # a promotion reads (and hashes, while cached) this much a step
 
-    def __init__(self, path: str, capacity_bytes: int, *, file_bytes: int = FILE_BYTES) -> None:
-        self.path, self.capacity_bytes = path, capacity_bytes
+    def __init__(self, path: str, capacity_bytes: int, *, file_bytes: int = FILE_BYTES,
+                 quotas: DiskQuotas | None = None) -> None:
+        self.path, self.capacity_bytes, self.quotas = path, capacity_bytes, quotas
+        self._owner_bytes: collections.Counter[int] = collections.Counter()
         self.file_bytes = min(file_bytes, max(1 << 20, capacity_bytes // 4))
         self._lock = threading.Lock()
         self._index = open_index(os.path.join(path, "index"))
@@ -60,7 +75,9 @@ class SegmentColdStore:
         self._pinned: set[bytes] = set()
         for key, raw in self._index.items():
             self._objects += 1
-            if LOCATION.unpack_from(raw)[0] & PINNED:
+            number, _, length, _, _ = LOCATION.unpack_from(raw)
+            self._owner_bytes[owner_of(key)] += length
+            if number & PINNED:
                 self._pinned.add(key)
         self._sizes: dict[int, int] = {}
         for name in sorted(os.listdir(path)):
@@ -83,6 +100,7 @@ class SegmentColdStore:
         if size > self.capacity_bytes:
             return False
         with self._lock:
+            self._keep_quota(owner_of(key), len(value))
             for attempt in (1, 2):
                 try:
                     self._make_room(size)
@@ -107,7 +125,11 @@ class SegmentColdStore:
         self._sizes[self._current] += written
         if written != size:
             raise OSError(f"short write of {written} of {size} bytes")
-        known = self._index.get(key) is not None
+        old = self._index.get(key)
+        known = old is not None
+        if old is not None:
+            self._owner_bytes[owner_of(key)] -= LOCATION.unpack_from(old)[2]
+        self._owner_bytes[owner_of(key)] += len(value)
         number = self._current | (PINNED if pinned else 0)
         self._index.put(key, LOCATION.pack(number, offset + len(header) + len(key), len(value),
                                            checksum, group) + parent)
@@ -152,12 +174,48 @@ class SegmentColdStore:
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
-            if self._index.get(key) is None:
+            raw = self._index.get(key)
+            if raw is None:
                 return False
             self._index.delete(key, durable=True)
-            self._objects -= 1
-            self._pinned.discard(key)
+            self._forgot(key, raw)
             return True
+
+    def owner_bytes(self) -> dict[int, int]:
+        """Live value bytes on disk per owner (tenant id; 0 the administrator's)."""
+        with self._lock:
+            return {o: n for o, n in self._owner_bytes.items() if n}
+
+    def _forgot(self, key: bytes, raw: bytes) -> None:
+        """Count out a value whose index entry was just deleted (under the lock)."""
+        self._objects -= 1
+        self._pinned.discard(key)
+        self._owner_bytes[owner_of(key)] -= LOCATION.unpack_from(raw)[2]
+
+    def _quota(self, owner: int) -> int:
+        return self.quotas.disk_quota(owner) if self.quotas is not None and owner else 0
+
+    def _keep_quota(self, owner: int, n_bytes: int) -> None:
+        """A tenant at its disk quota drops its own oldest unpinned values first, down to
+        seven eighths of the quota less ``n_bytes`` (under the lock)."""
+        quota = self._quota(owner)
+        if not quota or self._owner_bytes[owner] + n_bytes <= quota:
+            return
+        target = max(0, quota - quota // 8 - n_bytes)
+        found = sorted((number, offset, key, raw)
+                       for key, raw in self._index.items(prefix(owner))
+                       for number, offset, *_ in (LOCATION.unpack_from(raw),)
+                       if not number & PINNED)
+        dropped = 0
+        for _, _, key, raw in found:
+            if self._owner_bytes[owner] <= target:
+                break
+            self._index.delete(key)
+            self._forgot(key, raw)
+            dropped += 1
+        self.evicted_objects += dropped
+        if dropped:
+            log.info("cold.quota_evicted tenant=%d objects=%d", owner, dropped)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -214,11 +272,13 @@ class SegmentColdStore:
             raw = self._index.get(key)
             if raw is None or LOCATION.unpack_from(raw)[0] & ~PINNED != oldest:
                 continue
-            if LOCATION.unpack_from(raw)[0] & PINNED and self._carry_forward(key, raw):
+            owner = owner_of(key)
+            kept = LOCATION.unpack_from(raw)[0] & PINNED or (
+                owner != ADMIN and self._owner_bytes[owner] <= self._quota(owner))
+            if kept and self._carry_forward(key, raw):
                 continue
             self._index.delete(key)
-            self._objects -= 1
-            self._pinned.discard(key)
+            self._forgot(key, raw)
             dropped += 1
         fd = self._read_fds.pop(oldest, None)
         if fd is not None:
@@ -232,8 +292,9 @@ class SegmentColdStore:
 
 
     def _carry_forward(self, key: bytes, raw: bytes) -> bool:
-        """Copy a pinned value out of a file being evicted into the current one; False when it
-        cannot be read back whole (it is dropped with its file)."""
+        """Copy a pinned value (or one within its tenant's quota) out of a file being evicted
+        into the current one; False when it cannot be read back whole (it is dropped with its
+        file)."""
         number, offset, length, checksum, group = LOCATION.unpack_from(raw)
         fd = self._open(number & ~PINNED, os.O_RDONLY)
         try:
@@ -242,7 +303,8 @@ class SegmentColdStore:
             os.close(fd)
         if len(value) != length:
             return False
-        self._append(key, value, checksum, group, bytes(raw[LOCATION.size:]), True)
+        self._append(key, value, checksum, group, bytes(raw[LOCATION.size:]),
+                     bool(number & PINNED))
         return True
 
 
@@ -254,7 +316,7 @@ def _keys_in(path: str) -> list[bytes]:
     try:
         size, pos = os.fstat(fd).st_size, 0
         while pos + RECORD.size <= size:
-            head = os.pread(fd, RECORD.size + MAX_KEY_BYTES, pos)
+            head = os.pread(fd, RECORD.size + MAX_INTERNAL_KEY_BYTES, pos)
             magic, key_len, length, _, _ = RECORD.unpack_from(head)
             end = pos + RECORD.size + key_len + length
             if magic != RECORD_MAGIC or end > size or RECORD.size + key_len > len(head):

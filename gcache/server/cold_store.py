@@ -11,11 +11,12 @@ Contract, for both:
   durable once the store is synced (``sync``, and each file as it is rolled); a delete at once.
 - ``read_into`` never verifies the checksum: the caller does, over the bytes it hashed anyway.
 - ``ColdEntry.location`` is the store's own; callers only hand it back.
+A store that counts each tenant's bytes (and keeps its disk quota) is also ``CountsOwners``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gcache.server.cold_index import ColdEntry
 
@@ -59,3 +60,9 @@ class ColdStore(Protocol):
         """Make what was put so far survive a crash."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CountsOwners(Protocol):
+    def owner_bytes(self) -> dict[int, int]:
+        """Live value bytes per owner (``tenant_keys.owner_of``)."""

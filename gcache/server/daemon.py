@@ -32,6 +32,10 @@ from gcache.server.huge_pages import huge_page_bytes
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.reclaim import Laggards
+from gcache.server.tenant_follower import TenantFollower
+from gcache.server.tenant_keys import visible
+from gcache.server.tenant_stats import tenant_figures
+from gcache.server.tenant_table import Tenants
 from gcache.server.tier import HotTier
 from gcache.server.tier_protocol import Tier, Upkeep
 from gcache.server.tiered import TieredStore
@@ -76,7 +80,9 @@ class DataServer:
         port = self.address.rsplit(":", 1)[1]
         shm_name = config.shm_name or f"gcache-{port}"
         self.transfers = Transfers(config.min_transfer_rate)
-        self.tier: Tier = open_tiers(config, shm_name, laggards=self.transfers)
+        self.tenants = Tenants()           # from the masters (``tenant_follower``); none yet
+        self.tier: Tier = open_tiers(config, shm_name, laggards=self.transfers,
+                                     quotas=self.tenants)
         self._log_pages()
         self.unix_path = "" if config.unix_socket == "off" else (config.unix_socket
                                                                  or f"/tmp/{shm_name}.sock")
@@ -104,6 +110,7 @@ class DataServer:
         self.mutable = MutableKeys(None, self.tier.delete)
         self._map_epoch = -1
         self._disowning = threading.Lock()
+        self.tenant_follower: TenantFollower | None = None
         self.membership = self._membership(shm_name) if config.master else None
 
     def start(self) -> None:
@@ -146,8 +153,10 @@ class DataServer:
         record = pb.Server(id=server_id, address=self.config.advertise or self.address,
                            host_id=host_id(), capacity_bytes=self.config.memory)
         link = MasterClient(self.config.master, token=self.config.token)
+        self.tenant_follower = TenantFollower(self.tenants, self.tier, link)
         return Membership(link, record, interval_s=self.config.heartbeat_interval_s,
-                          on_state=self._membership_changed, on_answer=self._master_answered)
+                          on_state=self._membership_changed, on_answer=self._master_answered,
+                          on_tenants=self.tenant_follower.seen)
 
     def _master_answered(self, epoch: int, state: str) -> None:
         if state not in ("alive", "suspect"):
@@ -178,7 +187,9 @@ class DataServer:
             placed = PlacedMap.of_map(cluster_map, Placement())
             assert self.membership is not None     # only membership's answers run this
             me = self.membership.record.id
-            self.mutable.drop_unless(lambda key, group: placed.owner_id(key, group) == me)
+            # placed as clients place them: by the key a tenant sees (``tenant_keys``)
+            self.mutable.drop_unless(
+                lambda key, group: placed.owner_id(visible(key), group) == me)
 
     def _map_at_least(self, epoch: int) -> pb.ClusterMap | None:
         """The masters' map once one of ``epoch`` or later answers (bounded); else None."""
@@ -196,7 +207,8 @@ class DataServer:
             assert self.membership is not None     # membership's own callback
             link = MasterClient(self.config.master, token=self.config.token)
             self._handoff = Handoff(self.tier, link, self.membership.record.id, self.config,
-                                    on_left=self.stop.set, mutable=self.mutable)
+                                    on_left=self.stop.set, mutable=self.mutable,
+                                    tenants=self.tenants)
             self._handoff.start()
 
     def _accept_loop(self, listener: TcpListener | UnixListener, arena_fd: int | None) -> None:
@@ -214,7 +226,7 @@ class DataServer:
                                         stat_extra=self._stat_extra,
                                         is_stopping=self.stop.is_set, hello=self.hello,
                                         arena_fd=arena_fd, mutable=self.mutable,
-                                        transfers=self.transfers)
+                                        transfers=self.transfers, tenants=self.tenants)
             with self._lock:
                 waiting = [(h.opened_s, c) for c, (_, h) in self._conns.items()
                            if not h.authenticated]
@@ -259,7 +271,8 @@ class DataServer:
                 log.exception("unreachable.sweep_failed")
             wait_s = max(self.config.unreachable_sweep_s, 20 * (time.monotonic() - started_s))
 
-    def _stat_extra(self) -> dict[str, object]:
+    def _stat_extra(self, tenant_id: int) -> dict[str, object]:
+        """STAT's sections beside the tier's; a tenant's ``tenants`` has its own entry only."""
         with self._lock:
             connections = len(self._conns)
         extra: dict[str, object] = {
@@ -271,6 +284,8 @@ class DataServer:
         tiers = self.tier.tier_stats() if isinstance(self.tier, Upkeep) else None
         if tiers is not None:
             extra["tiers"] = tiers
+        extra["tenants"] = tenant_figures(self.tier, self.tenants,
+                                          only=tenant_id if tenant_id else None)
         return extra
 
     def shutdown(self, *, join_s: float = 2.0) -> None:
@@ -294,15 +309,16 @@ class DataServer:
 
 
 def open_tiers(config: ServerConfig, shm_name: str, *,
-               laggards: Laggards | None = None) -> HotTier | TieredStore:
+               laggards: Laggards | None = None,
+               quotas: Tenants | None = None) -> HotTier | TieredStore:
     """The hot tier alone, or with a cold tier in ``config.disk_dir`` behind it (``laggards``:
-    the transfers a claim may cut off when room is short). Raises ``ConfigError`` for a
-    missing or unwritable directory."""
+    the transfers a claim may cut off when room is short; ``quotas``: the tenants'). Raises
+    ``ConfigError`` for a missing or unwritable directory."""
     if not config.disk_dir:
         return HotTier(name=shm_name, size_bytes=config.memory,
                        segment_size=config.segment_size, prefault=config.prefault,
                        lease_ttl_s=config.lease_ttl_s, arena_dir=config.arena_dir,
-                       pin_budget_bytes=config.pin_budget, laggards=laggards)
+                       pin_budget_bytes=config.pin_budget, laggards=laggards, quotas=quotas)
     from gcache.server.cold_segments import check_disk_dir
     check_disk_dir(config.disk_dir)
     cold: ColdStore
@@ -312,11 +328,12 @@ def open_tiers(config: ServerConfig, shm_name: str, *,
     else:
         from gcache.server.cold_segments import SegmentColdStore
         os.makedirs(os.path.join(config.disk_dir, "segments"), exist_ok=True)
-        cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity)
+        cold = SegmentColdStore(os.path.join(config.disk_dir, "segments"), config.disk_capacity,
+                                quotas=quotas)
     hot = HotTier(name=shm_name, size_bytes=config.memory, segment_size=config.segment_size,
                   prefault=config.prefault, lease_ttl_s=config.lease_ttl_s, cold_backed=True,
                   arena_dir=config.arena_dir, pin_budget_bytes=config.pin_budget,
-                  laggards=laggards)
+                  laggards=laggards, quotas=quotas)
     segments = config.memory // config.segment_size
     # Two reusable segments at least: one for writers, one for second-chance re-appends.
     return TieredStore(hot, cold, headroom_segments=min(segments, max(2, segments // 4)))

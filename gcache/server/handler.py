@@ -2,10 +2,13 @@
 
 With a cluster token set, a connection must answer HELLO's nonce with AUTH (an HMAC of it)
 before any other request; the arena's descriptor is only ever sent in the reply to a successful
-AUTH (or to HELLO when the server has no token). The stream stays in sync or the connection is
-dropped: a request whose payload cannot be consumed safely (a bad header, a payload larger than
-the limits) gets an error reply and the connection is closed; a request that is well-framed but
-wrong (unknown handle, no space) gets an error reply and the connection lives on.
+AUTH (or to HELLO when the server has no token), never to a tenant (``conn_auth``). Every key
+a request names is scoped by what the connection proved as soon as it is read off the wire
+(``tenant_keys.Scope``): nothing past this boundary sees a key a tenant sent as it sent it.
+The stream stays in sync or the connection is dropped: a request whose payload cannot be
+consumed safely (a bad header, a payload larger than the limits) gets an error reply and the
+connection is closed; a request that is well-framed but wrong (unknown handle, no space) gets
+an error reply and the connection lives on.
 
 What a peer can cost the server is what it sent: a handle works only on the connection that
 obtained it, and whatever a connection still holds when it goes is given back
@@ -13,15 +16,15 @@ obtained it, and whatever a connection still holds when it goes is given back
 ``auth_timeout_s`` to AUTH; a payload must arrive at ``min_transfer_rate`` (after one IO timeout
 of grace, none while room is short: ``transfers``) or the connection is cut off and its room
 freed; key lists and tables are received into buffers that grow with the bytes that arrive.
-Requests over lists of keys (``BATCH_*``, ``EXISTS``, ``LIST``) are served in ``batch_requests``.
+Requests over lists of keys (``BATCH_*``, ``EXISTS``, ``LIST``) are served in ``batch_requests``,
+requests on a handle (WRITE, READ, RELEASE) in ``handle_requests``.
 """
 
 from __future__ import annotations
 
-import hmac
+import collections
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 
@@ -30,51 +33,55 @@ from gcache.errors import ChecksumMismatch, InvalidRequest, ProtocolError, Trans
 from gcache.frame import (
     FLAG_CHECKSUM_TRAILS,
     FLAG_CONTENT_ADDRESSED,
-    FLAG_IN_PLACE,
-    FLAG_NO_REPLY,
     FLAG_PARENT,
     FLAG_PINNED,
-    HANDLE,
     HEADER_SIZE,
     PUT_ENTRY,
     TRAILER,
     Header,
     Op,
     Status,
-    auth_proof,
     decode_keys,
     split_parent,
     unpack_header,
 )
 from gcache.keys import MAX_KEY_BYTES, Hasher
-from gcache.server import batch_requests
+from gcache.server import batch_requests, handle_requests
+from gcache.server.conn_auth import ConnectionAuth, facts_for
 from gcache.server.conn_holds import ConnectionHolds
 from gcache.server.metrics import BYTES_IN, BYTES_OUT, OP_TIMERS
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.prefetch_requests import prefetch
 from gcache.server.request_rules import Refused, check_request
+from gcache.server.tenant_table import Tenants
 from gcache.server.tier_protocol import Lease, Tier, Write
 from gcache.server.transfers import Transfers
 from gcache.transport.stream import READ_AHEAD, StreamConnection
 
 log = logging.getLogger(__name__)
 
+SCOPED_KEY_OPS = frozenset({Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE, Op.LIST})
+
 
 class ConnectionHandler:
     """Serves requests on one connection until it closes or ``is_stopping()``."""
 
     def __init__(self, conn: StreamConnection, tier: Tier, config: ServerConfig, *,
-                 stat_extra: Callable[[], Mapping[str, object]], is_stopping: Callable[[], bool],
+                 stat_extra: Callable[[int], Mapping[str, object]],
+                 is_stopping: Callable[[], bool],
                  hello: Mapping[str, object], arena_fd: int | None,
-                 mutable: MutableKeys | None = None, transfers: Transfers | None = None) -> None:
+                 mutable: MutableKeys | None = None, transfers: Transfers | None = None,
+                 tenants: Tenants | None = None) -> None:
         self.conn = conn
         self.mutable = mutable or MutableKeys(None, tier.delete)
         self.transfers = transfers or Transfers(config.min_transfer_rate)
         self._is_stopping = is_stopping
-        self._hello = json.dumps(hello).encode()
+        self._hello = hello
         self._arena_fd = arena_fd           # set on Unix connections: HELLO passes the arena
-        self._nonce = os.urandom(16)
-        self._authenticated = config.token is None
+        self.tenants = tenants or Tenants()
+        self.auth = ConnectionAuth(config.token, self.tenants, conn.peer)
+        self.scope = self.auth.scope
+        self.counted: collections.Counter[str] = collections.Counter()   # this request's
         self.opened_s = time.monotonic()
         self._auth_deadline_s = self.opened_s + config.auth_timeout_s
         self.tier = tier
@@ -88,9 +95,12 @@ class ConnectionHandler:
                              + 65535 * (PUT_ENTRY.size + MAX_KEY_BYTES))
         self._scratch: memoryview | None = None     # made on the first drain: most never do
         self._dispatch: dict[Op, Callable[[Header, bytes], None]] = {
-            Op.PUT: self._put, Op.GET: self._get, Op.ALLOC: self._alloc, Op.WRITE: self._write,
-            Op.COMMIT: self._commit, Op.LEASE: self._lease, Op.READ: self._read,
-            Op.RELEASE: self._release, Op.DELETE: self._delete, Op.STAT: self._stat,
+            Op.PUT: self._put, Op.GET: self._get, Op.ALLOC: self._alloc,
+            Op.WRITE: lambda h, _: handle_requests.write(self, h),
+            Op.COMMIT: self._commit, Op.LEASE: self._lease,
+            Op.READ: lambda h, _: handle_requests.read(self, h),
+            Op.RELEASE: lambda h, _: handle_requests.release(self, h),
+            Op.DELETE: self._delete, Op.STAT: self._stat,
             Op.HELLO: self._hello_reply, Op.AUTH: self._auth,
             Op.EXISTS: lambda h, _: batch_requests.exists(self, h),
             Op.LIST: lambda h, key: batch_requests.list_pinned(self, h, key),
@@ -102,14 +112,14 @@ class ConnectionHandler:
 
     @property
     def authenticated(self) -> bool:
-        return self._authenticated
+        return self.auth.authenticated
 
     def serve(self) -> None:
         try:
             while not self._is_stopping():
                 raw = bytearray(HEADER_SIZE)
                 timeout_s = self.io_timeout_s
-                if not self._authenticated:
+                if not self.authenticated:
                     timeout_s = self._auth_deadline_s - time.monotonic()
                     if timeout_s <= 0:
                         log.warning("conn.auth_timeout peer=%s", self.conn.peer)
@@ -119,7 +129,7 @@ class ConnectionHandler:
                     # idle client just waits through it, a half-sent header is a stall.
                     if not self.conn.recv_into(memoryview(raw), timeout_s=timeout_s,
                                                idle_ok=True,
-                                               deadline_s=None if self._authenticated
+                                               deadline_s=None if self.authenticated
                                                else self._auth_deadline_s):
                         continue
                 except TransportError:
@@ -129,12 +139,21 @@ class ConnectionHandler:
                 try:
                     header = unpack_header(raw, max_payload=self._max_payload)
                     check_request(header, max_value_size=self.config.max_value_size)
-                    if not self._authenticated and header.op not in (Op.HELLO, Op.AUTH):
+                    if not self.authenticated and header.op not in (Op.HELLO, Op.AUTH):
                         raise Refused(Status.AUTH_REQUIRED, f"{header.op.name} before AUTH")
+                    if not self.auth.still_valid():
+                        raise Refused(Status.AUTH_FAILED, "this connection's tenant was "
+                                      "revoked or removed")
                     key = bytes(self.conn.recv_exact(header.key_len, timeout_s=self.io_timeout_s,
                                                      deadline_s=self.deadline_s(header.key_len)))
+                    if header.op in SCOPED_KEY_OPS:
+                        key = self.scope.key_field(key, has_parent=bool(
+                            header.flags & FLAG_PARENT) and header.op in (Op.PUT, Op.ALLOC))
                     self._dispatch[header.op](header, key)
                     OP_TIMERS[header.op].observe(time.perf_counter() - started_s)
+                    if self.counted:
+                        self.tenants.count(self.scope.tenant_id, **self.counted)
+                        self.counted.clear()
                 except (ProtocolError, Refused) as exc:
                     status = exc.status if isinstance(exc, Refused) else Status.BAD_REQUEST
                     log.warning("conn.drop peer=%s reason=%s", self.conn.peer, exc)
@@ -155,6 +174,8 @@ class ConnectionHandler:
         op = request.op if request is not None else Op.STAT
         request_id = request.request_id if request is not None else 0
         size = sum(len(p) for p in payload)
+        if status == Status.NO_SPACE:
+            self.counted["refusals"] += 1
         header = Header(op, request_id, status, payload_len=size, **fields)
         try:
             self.conn.send((header.pack(), *payload), timeout_s=self.io_timeout_s,
@@ -167,7 +188,7 @@ class ConnectionHandler:
         """When ``n_bytes`` must have moved: one IO timeout of grace, then the minimum rate; and
         never later than the authentication deadline while there is one."""
         deadline_s = time.monotonic() + self.io_timeout_s + n_bytes / self.config.min_transfer_rate
-        return deadline_s if self._authenticated else min(deadline_s, self._auth_deadline_s)
+        return deadline_s if self.authenticated else min(deadline_s, self._auth_deadline_s)
 
     def recv_bytes(self, n_bytes: int) -> bytearray:
         """A peer-declared payload (key lists, tables, proofs), grown as its bytes arrive."""
@@ -175,7 +196,9 @@ class ConnectionHandler:
                                       deadline_s=self.deadline_s(n_bytes))
 
     def read_keys(self, h: Header) -> list[bytes]:
-        return decode_keys(self.recv_bytes(h.payload_len), h.count)
+        """A request's key list, each key scoped (``tenant_keys.Scope``)."""
+        inner = self.scope.inner
+        return [inner(k) for k in decode_keys(self.recv_bytes(h.payload_len), h.count)]
 
     def drain(self, n_bytes: int) -> None:
         """Consume a payload we will not store, to keep the stream in sync."""
@@ -205,13 +228,13 @@ class ConnectionHandler:
         if write is None:
             self.drain(length + trailer)
             return Status.NO_SPACE
-        self._receive(write, 0, length)
+        self.receive(write, 0, length)
         if expected is None:
             (expected,) = TRAILER.unpack(self.conn.recv_exact(
                 trailer, timeout_s=self.io_timeout_s, deadline_s=self.deadline_s(trailer)))
         return self._commit_status(write.handle, expected)
 
-    def _receive(self, write: Write, offset: int, n_bytes: int) -> bool:
+    def receive(self, write: Write, offset: int, n_bytes: int) -> bool:
         """Receive ``n_bytes`` of a pending write; raises InvalidRequest before reading any.
         False when the write's TTL passed during the receive: it no longer exists."""
         def fill(target: memoryview, hasher: Hasher | None) -> None:
@@ -229,6 +252,7 @@ class ConnectionHandler:
             return Status.UNKNOWN_HANDLE
         try:
             write.commit(expected)
+            self.counted["puts"] += 1
             return Status.OK
         except ChecksumMismatch as exc:
             log.error("put.checksum_mismatch peer=%s %s", self.conn.peer, exc)
@@ -239,9 +263,13 @@ class ConnectionHandler:
     def lease_or_status(self, key: bytes, *, expires: bool) -> Lease | Status:
         """``ConnectionHolds.lease_key``, for a key this server does not hide (one it hides
         may be older than a put elsewhere: ``mutable_keys``)."""
-        if self.mutable.hidden(key):
-            return Status.NOT_FOUND
-        return self.holds.lease_key(key, expires=expires)
+        leased = (Status.NOT_FOUND if self.mutable.hidden(key)
+                  else self.holds.lease_key(key, expires=expires))
+        if leased is Status.NOT_FOUND:
+            self.counted["misses"] += 1
+        elif not isinstance(leased, Status):
+            self.counted["hits"] += 1
+        return leased
 
     # ---- operations ---------------------------------------------------------------------------
 
@@ -284,41 +312,6 @@ class ConnectionHandler:
             return
         self.reply(h, Status.OK, handle=write.handle, length=h.length, offset=write.entry.value)
 
-    def _write(self, h: Header, key: bytes) -> None:
-        write = self.holds.write(h.handle)
-        if h.flags & FLAG_IN_PLACE:
-            self._written_in_place(h, write)
-            return
-        try:
-            if write is None:
-                raise InvalidRequest(f"handle {h.handle} is not a write in flight")
-            in_time = self._receive(write, h.offset, h.payload_len)
-        except InvalidRequest:
-            self.drain(h.payload_len)
-            self.reply(h, Status.UNKNOWN_HANDLE)
-            return
-        BYTES_IN.inc(h.payload_len)
-        if not in_time:
-            log.warning("write.expired peer=%s bytes=%d", self.conn.peer, h.payload_len)
-            self.holds.drop_write(h.handle)
-        self.reply(h, Status.OK if in_time else Status.UNKNOWN_HANDLE)
-
-    def _written_in_place(self, h: Header, write: Write | None) -> None:
-        """A same-host client wrote these bytes itself: hash them now, while it copies on."""
-        def hash_them(view: memoryview, hasher: Hasher | None) -> None:
-            if hasher is not None:
-                hasher.update(view)
-        status = Status.UNKNOWN_HANDLE                     # COMMIT will say so too
-        try:
-            if write is not None:
-                write.receive(h.offset, h.length, hash_them)
-                BYTES_IN.inc(h.length)
-                status = Status.OK
-        except InvalidRequest:
-            pass
-        if not h.flags & FLAG_NO_REPLY:
-            self.reply(h, status)
-
     def _commit(self, h: Header, key: bytes) -> None:
         self.reply(h, self._commit_status(h.handle, h.checksum))
 
@@ -332,64 +325,28 @@ class ConnectionHandler:
                    checksum=entry.checksum)
         BYTES_OUT.inc(entry.length)          # the client copies the value itself
 
-    def _read(self, h: Header, key: bytes) -> None:
-        lease = self.holds.lease(h.handle)
-        if lease is None:
-            self.reply(h, Status.UNKNOWN_HANDLE)
-            return
-        if h.length > self.config.io_size or h.offset + h.length > lease.entry.length:
-            self.reply(h, Status.BAD_REQUEST)
-            return
-        try:
-            view = lease.view(h.offset, h.length)
-        except InvalidRequest:                  # reaped since
-            self.holds.drop_lease(h.handle)
-            self.reply(h, Status.UNKNOWN_HANDLE)
-            return
-        try:
-            self.reply(h, Status.OK, payload=(view,), offset=h.offset, length=h.length)
-        finally:
-            view.release()
-
-    def _release(self, h: Header, key: bytes) -> None:
-        if h.count:
-            raw = self.recv_bytes(h.payload_len)
-            handles = [HANDLE.unpack_from(raw, i * HANDLE.size)[0] for i in range(h.count)]
-        else:
-            handles = [h.handle]
-        released = 0
-        for handle in handles:
-            lease = self.holds.drop_lease(handle)   # released now, or expired already
-            if lease is not None:
-                released += lease.release()
-        if not h.flags & FLAG_NO_REPLY:
-            self.reply(h, Status.OK if released == len(handles) else Status.UNKNOWN_HANDLE,
-                       count=released)
-
     def _delete(self, h: Header, key: bytes) -> None:
         self.reply(h, Status.OK if self.tier.delete(key) else Status.NOT_FOUND)
 
     def _stat(self, h: Header, key: bytes) -> None:
-        stats = {"tier": self.tier.stats(), **self._stat_extra()}
+        stats = {"tier": self.tier.stats(), **self._stat_extra(self.scope.tenant_id)}
         self.reply(h, Status.OK, payload=(json.dumps(stats).encode(),))
 
     def _hello_reply(self, h: Header, key: bytes) -> None:
         """Server facts (and, on a Unix socket, the arena) — or, before AUTH, a nonce."""
-        if not self._authenticated:
-            self.reply(h, Status.AUTH_REQUIRED, payload=(self._nonce,))
+        if not self.authenticated:
+            self.reply(h, Status.AUTH_REQUIRED, payload=(self.auth.nonce,))
             return
-        reply = Header(h.op, h.request_id, Status.OK, payload_len=len(self._hello))
-        if self._arena_fd is None:
-            self.conn.send((reply.pack(), self._hello), timeout_s=self.io_timeout_s)
+        tenant = self.scope.is_tenant
+        facts = facts_for(self._hello, tenant=tenant)
+        reply = Header(h.op, h.request_id, Status.OK, payload_len=len(facts))
+        if self._arena_fd is None or tenant:
+            self.conn.send((reply.pack(), facts), timeout_s=self.io_timeout_s)
         else:
-            self.conn.send_fds((reply.pack(), self._hello), [self._arena_fd],
+            self.conn.send_fds((reply.pack(), facts), [self._arena_fd],
                                timeout_s=self.io_timeout_s)
 
     def _auth(self, h: Header, key: bytes) -> None:
-        proof = bytes(self.recv_bytes(h.payload_len))
-        token = self.config.token
-        if token is not None and not hmac.compare_digest(proof, auth_proof(token, self._nonce)):
-            log.warning("conn.auth_failed peer=%s", self.conn.peer)
-            raise Refused(Status.AUTH_FAILED, "wrong cluster token")
-        self._authenticated = True
+        self.auth.verify(h.flags, bytes(self.recv_bytes(h.payload_len)))
+        self.scope = self.auth.scope
         self._hello_reply(h, key)

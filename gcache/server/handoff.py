@@ -7,6 +7,10 @@ own hash, or by the placement-group hash it was put with (kept in its record sin
 ``group_width`` servers. Values go out as ordinary PUT frames with their checksum, so the owner
 verifies them as any write. A key that could not be handed over (its owner down or full) is
 counted and logged; the server leaves only when nothing failed, so an operator can drain again.
+A tenant's key is placed by the key the tenant sees (``tenant_keys.visible``), as its clients
+place it, and sent over a connection that acts as that tenant (the cluster token's AUTH for a
+tenant, ``conn_auth``), so it lands in the tenant's own space there; a removed tenant's values
+are not handed over.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from gcache.frame import (
 from gcache.master_client import MasterClient, backoff_s
 from gcache.placement import PlacedMap, Placement
 from gcache.server.mutable_keys import MutableKeys
+from gcache.server.tenant_keys import ADMIN, owner_of, visible
+from gcache.server.tenant_table import Tenants
 from gcache.server.tier_protocol import Listing, Tier
 from gcache.transport.handshake import handshake
 from gcache.transport.stream import StreamConnection
@@ -43,12 +49,14 @@ LEAVE_ATTEMPTS = 10
 
 class Handoff(threading.Thread):
     def __init__(self, tier: Tier, link: MasterClient, server_id: str, config: ServerConfig, *,
-                 on_left: Callable[[], None], mutable: MutableKeys) -> None:
+                 on_left: Callable[[], None], mutable: MutableKeys,
+                 tenants: Tenants | None = None) -> None:
         super().__init__(name="gcache-handoff", daemon=True)
         self.tier, self.link, self.server_id, self.config = tier, link, server_id, config
         self.on_left, self.mutable = on_left, mutable
-        self.moved = self.failed = 0
-        self._conns: dict[str, StreamConnection] = {}
+        self.tenants = tenants or Tenants()
+        self.moved = self.failed = self.dropped = 0
+        self._conns: dict[tuple[str, int], StreamConnection] = {}
 
     def run(self) -> None:
         try:
@@ -60,12 +68,16 @@ class Handoff(threading.Thread):
             log.info("handoff.start id=%s keys=%d servers=%d", self.server_id, len(keys),
                      len(placed.address_of))
             for request_id, (key, group) in enumerate(keys, 1):
-                owner = placed.owner_id(key, group)
+                tenant = owner_of(key)
+                if tenant != ADMIN and not self.tenants.exists(tenant):
+                    self.dropped += 1              # a removed tenant's: nobody reads it
+                    continue
+                owner = placed.owner_id(visible(key), group)
                 if owner is None or not self._push(placed.address_of[owner], key, group,
                                                    request_id):
                     self.failed += 1
-            log.info("handoff.done id=%s moved=%d failed=%d", self.server_id, self.moved,
-                     self.failed)
+            log.info("handoff.done id=%s moved=%d failed=%d dropped=%d", self.server_id,
+                     self.moved, self.failed, self.dropped)
             if self.failed == 0:
                 self._leave()
                 self.on_left()
@@ -98,16 +110,18 @@ class Handoff(threading.Thread):
             # failure, so the server does not leave without it.
             return not self.tier.exists(key)
         entry, view = leased.entry, leased.view()
+        tenant = owner_of(key)
         try:
-            conn = self._conn(address)
+            conn = self._conn(address, tenant)
             # put as it was put here: a key put as mutable (or pinned) stays so on its new owner;
             # not its parent (FLAG_PARENT), which the new owner need not own
             flags = 0 if self.mutable.is_mutable(key) else FLAG_CONTENT_ADDRESSED
             flags |= FLAG_PINNED if entry.pinned else 0
-            header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(key),
+            sent = visible(key)                  # the tenant's own key, in its own space there
+            header = Header(Op.PUT, request_id & 0xFFFFFFFF, key_len=len(sent),
                             payload_len=len(view), group=group, checksum=entry.checksum,
                             flags=flags)
-            conn.send((header.pack(), key, view), timeout_s=IO_TIMEOUT_S)
+            conn.send((header.pack(), sent, view), timeout_s=IO_TIMEOUT_S)
             reply = unpack_header(conn.recv_exact(HEADER_SIZE, timeout_s=IO_TIMEOUT_S),
                                   max_payload=0)
             if reply.status != Status.OK:
@@ -118,15 +132,22 @@ class Handoff(threading.Thread):
             return True
         except GCacheError as exc:
             log.error("handoff.push_failed key=%r owner=%s error=%s", key[:64], address, exc)
-            self._conns.pop(address, None)
+            self._conns.pop((address, tenant), None)
             return False
         finally:
             view.release()
             leased.release()
 
-    def _conn(self, address: str) -> StreamConnection:
-        if address not in self._conns:
+    def _conn(self, address: str, tenant: int) -> StreamConnection:
+        """A connection to ``address`` in ``tenant``'s space (the administrator's for 0)."""
+        if (address, tenant) not in self._conns:
             conn = connect(address, timeout_s=IO_TIMEOUT_S, io_size=self.config.io_size)
-            handshake(conn, IO_TIMEOUT_S, self.config.token)
-            self._conns[address] = conn
-        return self._conns[address]
+            record = self.tenants.by_id(tenant)
+            try:
+                handshake(conn, IO_TIMEOUT_S, self.config.token,
+                          as_tenant=record.name if record is not None else None)
+            except BaseException:
+                conn.close()
+                raise
+            self._conns[address, tenant] = conn
+        return self._conns[address, tenant]

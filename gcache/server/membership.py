@@ -48,12 +48,14 @@ def load_or_create_id(paths: list[str]) -> str:
 class Membership(threading.Thread):
     def __init__(self, link: MasterClient, record: pb.Server, *, interval_s: float,
                  on_state: Callable[[str], None] | None = None,
-                 on_answer: Callable[[int, str], None] | None = None) -> None:
+                 on_answer: Callable[[int, str], None] | None = None,
+                 on_tenants: Callable[[int], None] | None = None) -> None:
         """``on_state(state)`` on each change of this server's state; ``on_answer(epoch,
-        state)`` on every answer of a master (a registration is "alive")."""
+        state)`` on every answer of a master (a registration is "alive");
+        ``on_tenants(version)`` with the tenant table's version of every heartbeat answer."""
         super().__init__(name="gcache-membership", daemon=True)
         self.link, self.record, self.interval_s = link, record, interval_s
-        self.on_state, self.on_answer = on_state, on_answer
+        self.on_state, self.on_answer, self.on_tenants = on_state, on_answer, on_tenants
         self.state = "unregistered"
         self._halt = threading.Event()
 
@@ -73,6 +75,8 @@ class Membership(threading.Thread):
                     self._answered(epoch, "alive")
                 reply = self.link.heartbeat(self.record.id)
                 self._answered(reply.epoch, STATE_NAMES.get(reply.state, "alive"))
+                if self.on_tenants is not None:
+                    self.on_tenants(reply.tenants_version)
             except Unavailable as exc:
                 log.warning("membership.no_master error=%s", exc)
             except NotRegistered as exc:

@@ -9,6 +9,11 @@ the connection handler sees is counted there, once per request: ``gcache_server_
 or in place) and out (GET, BATCH_GET, and LEASE / BATCH_LEASE, whose values a same-host or RDMA
 client copies itself; a READ moves bytes of a lease already counted), so a dashboard's GB/s
 covers every transport. Label children are resolved once here: ``labels()`` takes a lock.
+Per tenant (``tenant_stats``; the administrator's keys as ``_admin``), with a ``tenant`` label:
+``gcache_server_tenant_bytes{tier}`` and ``..._quota_bytes{tier}`` (memory, disk),
+``..._pinned_bytes``, and the counters ``..._hits_total``, ``..._misses_total``,
+``..._puts_total``, ``..._evictions_total`` and ``..._refusals_total`` (NO_SPACE answers and
+refused AUTHs).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gcache.frame import Op
 from gcache.metrics_http import serve_metrics_http
+from gcache.server.tenant_stats import tenant_figures
 from gcache.server.tier_protocol import Upkeep
 
 if TYPE_CHECKING:
@@ -70,6 +76,33 @@ class TierCollector(Collector):
         tiers = tier.tier_stats() if isinstance(tier, Upkeep) else None
         if tiers is not None:
             yield from _per_tier(tiers)
+        yield from _per_tenant(tenant_figures(tier, self._server.tenants))
+
+
+_TENANT_COUNTERS = {"hits": "hits", "misses": "misses", "puts": "puts",
+                    "evicted_objects": "evictions", "refusals": "refusals"}
+
+
+def _per_tenant(figures: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    """``gcache_server_tenant_*`` with a ``tenant`` label (see the module docstring)."""
+    held = GaugeMetricFamily("gcache_server_tenant_bytes", "bytes a tenant holds, by tier",
+                             labels=["tenant", "tier"])
+    quota = GaugeMetricFamily("gcache_server_tenant_quota_bytes", "a tenant's quota, by tier",
+                              labels=["tenant", "tier"])
+    pinned = GaugeMetricFamily("gcache_server_tenant_pinned_bytes",
+                               "bytes of spans holding a tenant's pinned values",
+                               labels=["tenant"])
+    counters = {key: CounterMetricFamily(f"gcache_server_tenant_{name}",
+                                         f"a tenant's {name}", labels=["tenant"])
+                for key, name in _TENANT_COUNTERS.items()}
+    for tenant, row in figures.items():
+        for tier in ("memory", "disk"):
+            held.add_metric([tenant, tier], row[f"{tier}_bytes"])
+            quota.add_metric([tenant, tier], row[f"{tier}_quota_bytes"])
+        pinned.add_metric([tenant], row["pinned_bytes"])
+        for key, family in counters.items():
+            family.add_metric([tenant], row[key])
+    yield from (held, quota, pinned, *counters.values())
 
 
 def _per_tier(tiers: dict[str, dict[str, int]]) -> Iterator[Metric]:

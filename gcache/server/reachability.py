@@ -10,7 +10,8 @@ before older ones (``gcache.eviction``).
 It runs in the background every few seconds (``ServerConfig.unreachable_sweep_s``), never per
 request: it reads every record with a parent, ``STRIDE`` at a time under the tier's lock, and
 nothing at all until a value with a parent was stored (``parents_seen``). A parent held on disk
-only ends the walk up (its own parent is not looked up there).
+only ends the walk up (its own parent is not looked up there). A parent is its child's owner's
+key (``tenant_keys.parent_key``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from gcache.server import record
 from gcache.server.arena import Arena
 from gcache.server.index import STRIDE, Index
+from gcache.server.tenant_keys import parent_key
 
 
 class Reachability:
@@ -44,10 +46,13 @@ class Reachability:
             with self._lock:
                 # a record evicted since the snapshot may lie under another span's bytes now:
                 # only one the index still points at is read
-                found = [(parent, record.length_of(view, r), head.index, head.seq)
+                found = [(parent_key(key, parent), record.length_of(view, r), head.index,
+                          head.seq)
                          for r in records[first:first + STRIDE]
                          for parent in (record.parent_of(view, r),)
-                         if parent and self.index.get(record.key_of(view, r)) == r
+                         if parent
+                         for key in (record.key_of(view, r),)
+                         if self.index.get(key) == r
                          for head in (self.arena.segment_of(r),)]
             for parent, length, index, age in found:
                 if not self._held_through(parent, whole, on_disk):
@@ -82,7 +87,7 @@ class Reachability:
             if above is None:
                 held = on_disk is not None and on_disk(node)
                 break
-            node = above
+            node = parent_key(node, above) if above else above
         else:
             held = whole.get(node, True) if node else True
         for key in chain:

@@ -18,6 +18,10 @@ runs that rule over the arena and the index (all under the tier's lock, ``space`
   some span is unpinned, so a batch of a thousand ALLOCs into a pinned arena takes one wait.
 - **The demoter's side** (``tiered.Demoter``): pin the oldest dirty span, re-append its read
   values, and mark it clean once the rest is on disk.
+- **Tenants.** Room is claimed for an owner (``tenant_keys.owner_of`` the key): its open
+  segment, then a victim chosen with every owner's standing against its memory quota
+  (``Quotas``; ``gcache.eviction`` says what that changes). A second chance goes back into its
+  own owner's spans, and a parent is looked up among its child's owner's keys.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gcache.record_layout import record_size, value_offset
 from gcache.server import record
 from gcache.server.arena import Arena, Segment
 from gcache.server.index import Index
+from gcache.server.tenant_keys import owner_of, parent_key
 from gcache.server.tier_counters import TierCounters
 from gcache.server.tier_protocol import Entry
 
@@ -61,13 +66,24 @@ class Laggards(Protocol):
         connections wind down)."""
 
 
+class Quotas(Protocol):
+    """Each owner's memory quota on this server (``gcache.server.tenant_table``)."""
+
+    def memory_quota(self, owner: int) -> int:
+        """Bytes of the arena ``owner``'s spans may hold against other owners' claims; 0:
+        none (all it holds is shared, reclaimed first)."""
+
+
 class Reclaim:
     def __init__(self, arena: Arena, index: Index, counters: TierCounters,
                  space: threading.Condition, *, cold_backed: bool,
-                 laggards: Laggards | None = None) -> None:
+                 laggards: Laggards | None = None, quotas: Quotas | None = None) -> None:
         self.arena, self.index, self.counters, self.space = arena, index, counters, space
         self.cold_backed = cold_backed
         self.laggards = laggards
+        self.quotas = quotas
+        # values each owner lost to claims (no second chance): per-tenant evictions
+        self.evicted_by_owner: collections.Counter[int] = collections.Counter()
         self._rescued: deque[Rescued] = deque()
         # keys waiting in ``_rescued`` (a parent waiting there is still held)
         self._rescuing: collections.Counter[bytes] = collections.Counter()
@@ -78,10 +94,10 @@ class Reclaim:
 
     # ---- claims (under the lock) ---------------------------------------------------------------
 
-    def allocate(self, n_bytes: int, wait_s: float) -> tuple[Segment, int]:
-        """Room for a client's record of ``n_bytes``: (span head, record offset), waiting as
+    def allocate(self, n_bytes: int, wait_s: float, owner: int = 0) -> tuple[Segment, int]:
+        """Room for ``owner``'s record of ``n_bytes``: (span head, record offset), waiting as
         the module docstring says. Raises NoSpace."""
-        if self._cut_laggards(n_bytes):
+        if self._cut_laggards(n_bytes, owner):
             # Room is short and transfers that lag held some: wait for a handler to give
             # theirs back before evicting a value for want of it.
             self.space.wait(PIN_WAIT_S)
@@ -92,7 +108,7 @@ class Reclaim:
         waited_for_pins, young_ok = False, self.cold_backed
         while True:
             try:
-                return self.claim(n_bytes, young_ok=young_ok)
+                return self.claim(n_bytes, young_ok=young_ok, owner=owner)
             except NoSpace:
                 now = time.monotonic()
                 may_wait = (now < pins_deadline and n_bytes <= self.arena.size_bytes
@@ -100,12 +116,12 @@ class Reclaim:
                 if self.cold_backed and now < deadline and self.arena.has_dirty_unpinned():
                     self.space.notify_all()
                     self.space.wait(min(deadline - now, 0.05))
-                elif not young_ok and not (may_wait and self._pins_hold_older(n_bytes)):
+                elif not young_ok and not (may_wait and self._pins_hold_older(n_bytes, owner)):
                     young_ok = True                  # nothing to wait for: a young span, then
                 elif may_wait:
                     waited_for_pins = True
                     # in slices: a holder that starts to lag meanwhile is cut off too
-                    self._cut_laggards(n_bytes)
+                    self._cut_laggards(n_bytes, owner)
                     if (not self.space.wait(min(pins_deadline - now, LAG_CHECK_S))
                             and time.monotonic() >= pins_deadline):
                         self.counters.pin_waits_expired += 1     # then a young span or NoSpace
@@ -113,20 +129,21 @@ class Reclaim:
                     self._pins_starved |= waited_for_pins        # and in vain
                     raise
 
-    def _cut_laggards(self, n_bytes: int) -> int:
+    def _cut_laggards(self, n_bytes: int, owner: int = 0) -> int:
         """When ``n_bytes`` need a span and no free room is left, cut off the transfers into
         held room that lag (``transfers``); returns how many."""
-        if (self.laggards is None or self.arena.fits_open(n_bytes) is not None
+        if (self.laggards is None or self.arena.fits_open(n_bytes, owner) is not None
                 or self.arena.free_segments >= self.arena.span_of(n_bytes)):
             return 0
         return self.laggards.cut_laggards()
 
     def claim(self, n_bytes: int, *, use_reserve: bool = False, fresh: bool = True,
-              young_ok: bool = True) -> tuple[Segment, int]:
-        """Room for ``n_bytes`` now, evicting as the rule says, then the second chances of what
-        it evicted. ``fresh``: a client's value (a copy never takes a young span).
-        ``use_reserve``: the demoter's re-appends may open the cleaner's reserve."""
-        placed = self._claim_once(n_bytes, use_reserve=use_reserve, young_ok=fresh and young_ok)
+              young_ok: bool = True, owner: int = 0) -> tuple[Segment, int]:
+        """Room for ``owner``'s ``n_bytes`` now, evicting as the rule says, then the second
+        chances of what it evicted. ``fresh``: a client's value (a copy never takes a young
+        span). ``use_reserve``: the demoter's re-appends may open the cleaner's reserve."""
+        placed = self._claim_once(n_bytes, use_reserve=use_reserve, young_ok=fresh and young_ok,
+                                  owner=owner)
         if self._rescued:
             head = placed[0]
             head.pins += 1          # the caller's record is not written yet: never reclaim it
@@ -137,39 +154,53 @@ class Reclaim:
         return placed
 
     def _claim_once(self, n_bytes: int, *, use_reserve: bool = False,
-                    young_ok: bool = True) -> tuple[Segment, int]:
+                    young_ok: bool = True, owner: int = 0) -> tuple[Segment, int]:
         arena = self.arena
         if n_bytes > arena.size_bytes:
             raise NoSpace(f"{n_bytes} bytes exceed the arena's {arena.size_bytes}")
-        placed = arena.allocate_open(n_bytes)
+        placed = arena.allocate_open(n_bytes, owner)
         if placed is not None:
             return placed
         span = arena.span_of(n_bytes)
         if self.cold_backed and not use_reserve and arena.headroom_segments() <= span:
             raise NoSpace(f"{span} segment(s) needed; the last reusable one is the cleaner's")
+        over, claimant_over = self._standing(owner, n_bytes)
         victim = choose_victim(arena.windows(span, clean_only=self.cold_backed,
-                                             count_unreachable=not self.cold_backed),
-                               young_ok=young_ok)
+                                             count_unreachable=not self.cold_backed,
+                                             claimant=owner, over_quota=over),
+                               young_ok=young_ok, claimant_over_quota=claimant_over)
         if victim is None:
             pinned, kept = arena.pinned_spans()
             raise NoSpace(f"no {span} unpinned consecutive segment(s) of {arena.segment_size} "
                           f"bytes to evict ({pinned} of {len(arena.segments)} spans pinned, "
                           f"{kept} holding pinned values"
                           f"{'' if young_ok else '; young ones spared'})")
-        arena.seal_open()            # only now: a refused claim keeps the open segment's room
+        arena.seal_open(owner)       # only now: a refused claim keeps the open segment's room
         heads = arena.heads_in(victim.start, span)
         if not self.cold_backed:         # with a cold tier their values are on disk
             self.young_reclaims += any(arena.is_young(h) for h in heads)
         for head in heads:
             self._evict(head)
-        return arena.claim(victim.start, n_bytes)
+        return arena.claim(victim.start, n_bytes, owner)
 
-    def _pins_hold_older(self, n_bytes: int) -> bool:
+    def _standing(self, owner: int, n_bytes: int) -> tuple[frozenset[int] | None, bool]:
+        """The owners over their memory quota (None: no quotas), and whether ``owner`` is at
+        its own once it holds ``n_bytes`` more."""
+        if self.quotas is None:
+            return None, True
+        held, quota = self.arena.held, self.quotas.memory_quota
+        over = frozenset(o for o, n in held.items() if n > quota(o))
+        return over, held[owner] + n_bytes > quota(owner)
+
+    def _pins_hold_older(self, n_bytes: int, owner: int = 0) -> bool:
         """Whether a window with no young span would be free for ``n_bytes`` but for pins: then
         a wait for a pin to drop may spare the young spans."""
+        over, claimant_over = self._standing(owner, n_bytes)
         windows = self.arena.windows(self.arena.span_of(n_bytes), ignore_pins=True,
-                                     clean_only=self.cold_backed)
-        return choose_victim(windows, young_ok=False) is not None
+                                     clean_only=self.cold_backed, claimant=owner,
+                                     over_quota=over)
+        return choose_victim(windows, young_ok=False,
+                             claimant_over_quota=claimant_over) is not None
 
     def _evict(self, head: Segment) -> None:
         """Forget a span's records before the arena frees it; without a cold tier, copy aside
@@ -181,6 +212,7 @@ class Reclaim:
             self._rescued.extend(kept)
             self._rescuing.update(rescued.key for rescued in kept)
             self.counters.evicted_objects += len(removed) - len(kept)
+            self.evicted_by_owner[head.owner] += len(removed) - len(kept)
         self.counters.evicted_segments += 1
         self.arena.free(head)
 
@@ -205,16 +237,17 @@ class Reclaim:
             self._rescuing[key] -= 1
             if self._rescuing[key] <= 0:
                 del self._rescuing[key]
-            if not earns_second_chance(read=True, reachable=self.reachable(parent)):
+            reachable = self.reachable(parent_key(key, parent) if parent else b"")
+            if not earns_second_chance(read=True, reachable=reachable):
                 self.counters.unreachable_evicted += 1
                 self.counters.evicted_objects += 1
                 continue
             size = record_size(len(key) + len(parent), len(value))
-            placed = self.arena.allocate_open(size)
+            placed = self.arena.allocate_open(size, owner_of(key))
             if placed is None and extra < most:
                 extra += 1
                 try:
-                    placed = self._claim_once(size, young_ok=False)
+                    placed = self._claim_once(size, young_ok=False, owner=owner_of(key))
                 except NoSpace:
                     placed = None
             if placed is None:
@@ -231,8 +264,9 @@ class Reclaim:
             self.counters.second_chances += 1
 
     def reachable(self, parent: bytes) -> bool:
-        """Whether a value hanging from ``parent`` may still hit here: it has none, or this
-        server still holds the parent in memory (or is about to re-append it)."""
+        """Whether a value hanging from ``parent`` (its internal key, ``parent_key``) may still
+        hit here: it has none, or this server still holds the parent in memory (or is about to
+        re-append it)."""
         return not parent or self.index.get(parent) >= 0 or parent in self._rescuing
 
     def unpin(self, head: Segment) -> None:
@@ -263,9 +297,10 @@ class Reclaim:
         hit and are let go with the span."""
         out = []
         for entry in live:
+            parent = parent_key(entry.key, entry.parent) if entry.parent else b""
             with self.space:
-                reachable = self.reachable(entry.parent)
-            if not reachable and on_disk is not None and on_disk(entry.parent):
+                reachable = self.reachable(parent)
+            if not reachable and on_disk is not None and on_disk(parent):
                 reachable = True
             if not reachable:
                 with self.space:
@@ -286,7 +321,8 @@ class Reclaim:
             names_len = len(entry.key) + len(entry.parent)
             try:
                 head, offset = self.claim(record_size(names_len, entry.length),
-                                          use_reserve=True, fresh=False)
+                                          use_reserve=True, fresh=False,
+                                          owner=owner_of(entry.key))
             except NoSpace:
                 return False
             view, start = self.arena.view, value_offset(offset, names_len)

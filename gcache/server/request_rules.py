@@ -10,6 +10,7 @@ from __future__ import annotations
 from gcache.frame import (
     FLAG_CHECKSUM_TRAILS,
     FLAG_IN_PLACE,
+    FLAG_TENANT,
     HANDLE,
     LIST_PAGE_MAX,
     TRAILER,
@@ -18,6 +19,7 @@ from gcache.frame import (
     Status,
 )
 from gcache.keys import MAX_KEY_BYTES
+from gcache.tenant_token import NAME_MAX_BYTES
 
 KEYED = frozenset({Op.PUT, Op.GET, Op.ALLOC, Op.LEASE, Op.DELETE})
 NO_PAYLOAD = frozenset({Op.GET, Op.ALLOC, Op.COMMIT, Op.LEASE, Op.READ, Op.DELETE, Op.STAT,
@@ -47,7 +49,11 @@ def check_request(h: Header, *, max_value_size: int) -> None:
     if h.op in (Op.PUT, Op.WRITE) and h.payload_len > max_value_size + trailer:
         raise Refused(Status.TOO_LARGE, f"payload of {h.payload_len} bytes exceeds "
                       f"max_value_size {max_value_size}")
-    if h.op == Op.AUTH and h.payload_len != AUTH_PROOF_BYTES:
+    if h.op == Op.AUTH and h.flags & FLAG_TENANT and \
+            not AUTH_PROOF_BYTES < h.payload_len <= AUTH_PROOF_BYTES + NAME_MAX_BYTES:
+        raise Refused(Status.BAD_REQUEST, f"a tenant's AUTH carries {h.payload_len} bytes; "
+                      f"the proof is {AUTH_PROOF_BYTES}, then a name of 1..{NAME_MAX_BYTES}")
+    if h.op == Op.AUTH and not h.flags & FLAG_TENANT and h.payload_len != AUTH_PROOF_BYTES:
         raise Refused(Status.BAD_REQUEST, f"AUTH carries {h.payload_len} bytes; the proof is "
                       f"{AUTH_PROOF_BYTES}")
     if h.op == Op.LIST and (h.payload_len > MAX_KEY_BYTES or not 1 <= h.count <= LIST_PAGE_MAX):

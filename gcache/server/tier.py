@@ -38,8 +38,9 @@ from gcache.server.handles import Hold, HotLease, HotWrite
 from gcache.server.index import Index
 from gcache.server.keep import Keep
 from gcache.server.reachability import Reachability
-from gcache.server.reclaim import ALLOC_WAIT_S, Laggards, Reclaim
+from gcache.server.reclaim import ALLOC_WAIT_S, Laggards, Quotas, Reclaim
 from gcache.server.recovery import scan
+from gcache.server.tenant_keys import owner_of
 from gcache.server.tier_counters import TierCounters
 from gcache.server.tier_protocol import Copied, Entry, Stored
 
@@ -52,7 +53,7 @@ class HotTier:
     def __init__(self, *, name: str, size_bytes: int, segment_size: int, prefault: bool,
                  lease_ttl_s: float, cold_backed: bool = False,
                  arena_dir: str = ARENA_DIR, pin_budget_bytes: int = 0,
-                 laggards: Laggards | None = None) -> None:
+                 laggards: Laggards | None = None, quotas: Quotas | None = None) -> None:
         self._lock = threading.Lock()
         # Signalled whenever space may have become reusable; a demoter waits on it too.
         self.space = threading.Condition(self._lock)
@@ -61,9 +62,9 @@ class HotTier:
                            prefault=prefault, directory=arena_dir)
         self.counters = TierCounters()
         self.index = Index(self.arena)
-        self.keep = Keep(self.arena, pin_budget_bytes)
+        self.keep = Keep(self.arena, pin_budget_bytes, quotas)
         self.reclaim = Reclaim(self.arena, self.index, self.counters, self.space,
-                               cold_backed=cold_backed, laggards=laggards)
+                               cold_backed=cold_backed, laggards=laggards, quotas=quotas)
         self.reach = Reachability(self.arena, self.index, self.space)
         self._holds: dict[int, Hold] = {}
         self._handles = itertools.count(1)
@@ -77,6 +78,11 @@ class HotTier:
         self.counters.recovered_objects = found.objects
         self.reach.parents_seen = found.parents
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
+        for start, *_ in found.spans:          # a span's owner, from a key it holds
+            live = self.index.find_span(self.arena.segments[start])
+            if live:
+                self.arena.set_owner(self.arena.segments[start],
+                                     owner_of(record.key_of(self.arena.view, live[0])))
         for offset in found.pinned:
             self.keep.keep(record.key_of(self.arena.view, offset), offset,
                            self.arena.segment_of(offset))
@@ -95,8 +101,8 @@ class HotTier:
         with self._lock:
             size = record_size(len(key) + len(parent), length)
             if pinned:
-                self.keep.check_budget(size)
-            head, offset = self.reclaim.allocate(size, wait_s)
+                self.keep.check_budget(size, owner_of(key))
+            head, offset = self.reclaim.allocate(size, wait_s, owner_of(key))
             if pinned:                  # counted from now: writes in flight at once see it
                 self.keep.count(head)
             self.reach.parents_seen = self.reach.parents_seen or bool(parent)
@@ -220,8 +226,8 @@ class HotTier:
         size = record_size(len(key) + len(parent), len(value))
         try:
             if pinned:
-                self.keep.check_budget(size)
-            head, offset = self.reclaim.allocate(size, wait_s)
+                self.keep.check_budget(size, owner_of(key))
+            head, offset = self.reclaim.allocate(size, wait_s, owner_of(key))
         except NoSpace as exc:
             if pinned:
                 log.warning("put.refused pinned=1 bytes=%d reason=%s", len(value), exc)
@@ -343,7 +349,7 @@ class HotTier:
             try:
                 # Never waits: a wait lets go of the lock, and a put of the key committed
                 # meanwhile would get an older sequence number than these tombstones.
-                _, offset = self.reclaim.claim(2 * one)
+                _, offset = self.reclaim.claim(2 * one, owner=owner_of(key))
             except NoSpace:
                 log.warning("tier.tombstone_lost reason=no_space key_bytes=%d", len(key))
                 return True
@@ -403,6 +409,15 @@ class HotTier:
 
     def tier_stats(self) -> None:
         """None: this tier is all there is (``tiered.TieredStore`` has counters per tier)."""
+
+    def owner_stats(self) -> dict[int, dict[str, int]]:
+        """Per owner (tenant id, 0 the administrator's): bytes its spans hold, values it lost
+        to claims, bytes its pinned values' spans hold."""
+        with self._lock:
+            owners = set(self.arena.held) | set(self.reclaim.evicted_by_owner)
+            return {o: {"memory_bytes": self.arena.held[o],
+                        "evicted_objects": self.reclaim.evicted_by_owner[o],
+                        "pinned_bytes": self.keep.held_by_owner(o)} for o in owners}
 
     def close(self, *, unlink: bool) -> None:
         self.arena.close(unlink=unlink)

@@ -11,7 +11,8 @@ Leases and writes taken with ``expires=True`` are dropped by the tier's upkeep o
 TTL has passed: their methods then refuse (InvalidRequest, or False). Their ``handle`` is the
 number the wire protocol carries; only the connection that obtained one may use it. Optional
 abilities are Protocols of their own, asked for with ``isinstance``: ``Batches`` (many values
-per call), ``Listing`` (every key, the pinned keys), ``Upkeep`` (background work).
+per call), ``Listing`` (every key, the pinned keys), ``Upkeep`` (background work), ``Owners``
+(what each tenant holds).
 
 The arena itself is part of the interface, read-only: HELLO announces its size and id, hands a
 same-host client its descriptor, and NIXL registers its address. Every tier is over one arena.
@@ -165,3 +166,11 @@ class Upkeep(Protocol):
 
     def tier_stats(self) -> dict[str, dict[str, int]] | None:
         """Counters per tier (``hot``, ``cold``) when there is more than one, else None."""
+
+
+@runtime_checkable
+class Owners(Protocol):
+    def owner_stats(self) -> dict[int, dict[str, int]]:
+        """Per owner (a tenant's id, 0 for the administrator's keys, ``tenant_keys``):
+        ``memory_bytes`` its spans hold, ``pinned_bytes`` of spans holding its pinned values,
+        ``evicted_objects`` it lost to claims, and ``disk_bytes`` behind a cold tier."""

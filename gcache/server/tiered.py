@@ -29,7 +29,7 @@ from gcache.errors import ChecksumMismatch, NoSpace
 from gcache.keys import Hasher, checksum
 from gcache.prefetched import Prefetched
 from gcache.server.cold_index import ColdEntry
-from gcache.server.cold_store import ColdStore
+from gcache.server.cold_store import ColdStore, CountsOwners
 from gcache.server.demoter import Demoter
 from gcache.server.reclaim import ALLOC_WAIT_S
 from gcache.server.tier import HotTier
@@ -163,6 +163,14 @@ class TieredStore:
         except OSError as exc:           # a failing disk must not keep the arena from closing
             log.error("cold.close_failed error=%s", exc)
         self.hot.close(unlink=unlink)
+
+    def owner_stats(self) -> dict[int, dict[str, int]]:
+        """The hot tier's per-owner figures with each owner's bytes on disk."""
+        out = self.hot.owner_stats()
+        if isinstance(self.cold, CountsOwners):             # the segments format counts
+            for owner, n_bytes in self.cold.owner_bytes().items():
+                out.setdefault(owner, {})["disk_bytes"] = n_bytes
+        return out
 
     def tier_stats(self) -> dict[str, dict[str, int]]:
         hot = self.hot.stats()
