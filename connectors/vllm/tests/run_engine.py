@@ -12,9 +12,10 @@ mid-transfer). ``connector: false``: no KV connector. ``load_format`` and ``load
 vLLM's ``--load-format`` and ``--model-loader-extra-config``. ``mm_prompts`` (instead of
 ``prompts``): text prompts with one image each, ``{"text": ..., "image": PATH}``; ``ec: true``
 adds the GCache EC connector (``ec_both``), whose worker counters the result then carries as
-``ec``; ``mm_processor_kwargs``: the engine's. ``ec_kill_on_load`` (``[pid, "host:port"]``):
-the EC connector is ``lossy_ec_connector.LossyECConnector``, which SIGKILLs that GCache server
-between the scheduler's probe and the worker's read.
+``ec`` (without tensor parallelism: TP workers log theirs at shutdown); ``mm_processor_kwargs``:
+the engine's. ``ec_kill_on_load`` (``[pid, "host:port"]``): the EC connector is
+``lossy_ec_connector.LossyECConnector``, which SIGKILLs that GCache server between the
+scheduler's probe and the worker's read.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def main() -> None:
                         "logprobs": [step[t].logprob
                                      for step, t in zip(reply.outputs[0].logprobs, tokens)]})
     out: dict = {"results": results}
-    if spec.get("ec"):
+    if spec.get("ec") and spec.get("tp", 1) == 1:       # TP workers are other processes
         from vllm.distributed.ec_transfer import get_ec_transfer
         get_ec_transfer().wait_saves()               # put by the connector's saver thread
         out["ec"] = get_ec_transfer().counters       # the worker's: loads and saves
