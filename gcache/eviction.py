@@ -19,13 +19,14 @@ or not yet on disk behind a cold tier) is never a candidate: the caller leaves i
 
 Tenants' quotas come before all of that. Every span has one owner (a tenant, or the
 administrator), and a window says whether it is all the claimant's own (``own``) and whether it
-touches a span of another owner that holds no more than its quota (``protected``: never taken).
-Of the rest, a claimant at or over its own quota takes its own spans first (its own oldest
-values go, not anybody else's); then come spans of owners over their quota (the memory beyond
-every quota is shared, and reclaimed from those over theirs first); a claimant within its quota
-takes its own last. The order above applies within each class. With no quotas at all every
-owner counts as over its (zero) quota and every window is the claimant's class: the rule is
-the one above, unchanged.
+touches a span of another owner that has a quota and holds no more than it (``protected``:
+never taken). Of the rest, a claimant at or over its quota takes its own spans first (its own
+oldest values go, not anybody else's); then come spans of owners over their quota, or without
+one (the memory beyond every quota is shared, and reclaimed from those over theirs first); a
+claimant within its quota takes its own last. A claimant without a quota
+(``claimant_over_quota`` None) is one of the sharers: its own spans and the others' surplus go
+by the order above alike. The order above applies within each class; with no quotas at all
+every window is in one class, and the rule is the one above, unchanged.
 
 Second chances: a value read since it was written, whose prefix is still whole, is copied to
 the young end instead of being dropped (once per read), so a prefix head that requests keep
@@ -70,15 +71,18 @@ def is_mostly_unreachable(candidate: Candidate) -> bool:
     return not candidate.young and candidate.unreachable_bytes >= candidate.size_bytes // 2 > 0
 
 
+_OWN_STANDING = {True: 1, None: 2, False: 3}    # by ``claimant_over_quota``; others' surplus: 2
+
+
 def _rank(candidate: Candidate, young_ok: bool,
-          claimant_over_quota: bool) -> tuple[int, int, float] | None:
+          claimant_over_quota: bool | None) -> tuple[int, int, float] | None:
     """Lower goes first; None: not a victim for this claim."""
     _, age, last_write, young, unreachable, size, protected, own = candidate
     if age == FREE:
         return (0, 0, 0)
     if protected:
         return None
-    standing = (1 if claimant_over_quota else 3) if own else 2
+    standing = _OWN_STANDING[claimant_over_quota] if own else 2
     if young:
         return (standing, 3, last_write) if young_ok else None
     if unreachable and unreachable >= size // 2 > 0:      # ``is_mostly_unreachable``
@@ -87,10 +91,11 @@ def _rank(candidate: Candidate, young_ok: bool,
 
 
 def choose_victim(candidates: Iterable[Candidate], *, young_ok: bool,
-                  claimant_over_quota: bool = True) -> Candidate | None:
+                  claimant_over_quota: bool | None = None) -> Candidate | None:
     """The candidate the rule reclaims first (the earliest of equals), or None when none may
     go: every one is young and ``young_ok`` is false, or protected, or there are none.
-    ``claimant_over_quota``: the claim would take its owner past its quota."""
+    ``claimant_over_quota``: the claim would take its owner past its quota (None: the owner
+    has no quota)."""
     best, best_rank = None, None
     for candidate in candidates:
         rank = _rank(candidate, young_ok, claimant_over_quota)

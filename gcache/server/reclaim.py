@@ -183,14 +183,15 @@ class Reclaim:
             self._evict(head)
         return arena.claim(victim.start, n_bytes, owner)
 
-    def _standing(self, owner: int, n_bytes: int) -> tuple[frozenset[int] | None, bool]:
-        """The owners over their memory quota (None: no quotas), and whether ``owner`` is at
-        its own once it holds ``n_bytes`` more."""
+    def _standing(self, owner: int, n_bytes: int) -> tuple[frozenset[int] | None, bool | None]:
+        """The owners over their memory quota or without one (None: no quotas at all), and
+        whether ``owner`` is at its own once it holds ``n_bytes`` more (None: it has none)."""
         if self.quotas is None:
-            return None, True
+            return None, None
         held, quota = self.arena.held, self.quotas.memory_quota
         over = frozenset(o for o, n in held.items() if n > quota(o))
-        return over, held[owner] + n_bytes > quota(owner)
+        mine = quota(owner)
+        return over, (held[owner] + n_bytes > mine) if mine else None
 
     def _pins_hold_older(self, n_bytes: int, owner: int = 0) -> bool:
         """Whether a window with no young span would be free for ``n_bytes`` but for pins: then

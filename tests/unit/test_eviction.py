@@ -84,7 +84,12 @@ QUOTA_VICTIMS = {   # (candidates, young_ok, the claimant is at or over its quot
     "among_spans_over_quota_the_oldest_goes": (
         [owned(0, 7, own=False), owned(1, 3, own=False)], True, False, 1),
     "without_quotas_every_span_is_the_claimants_and_age_decides": (
-        [owned(0, 7), owned(1, 3), owned(2, 5)], True, True, 1),
+        [owned(0, 7), owned(1, 3), owned(2, 5)], True, None, 1),
+    "a_tenant_without_a_quota_shares_by_age_with_others_surplus": (
+        [owned(0, 7), owned(1, 3, own=False), owned(2, 5)], True, None, 1),
+    "a_tenant_with_a_quota_spares_another_with_one_but_not_a_sharer_without": (
+        [owned(0, 2, own=False, protected=True), owned(1, 4, own=False), owned(2, 9)],
+        True, False, 1),
 }
 
 
