@@ -8,7 +8,8 @@ its own ``hits`` and ``misses``). Rates are counter deltas over the server's own
 between two polls, so a slow poll does not bend them, and a server that restarted in between
 (uptime went back) shows no rates rather than negative ones. STAT has no byte counters and no
 latencies: the GB/s columns are estimates (keys per second times the mean stored value), and
-p99 is "-" (op latencies are in the servers' Prometheus metrics).
+p99 is "-" (op latencies are in the servers' Prometheus metrics). Below the servers, one row
+per tenant (``top_tenants``) once any tenant shows.
 
 Invariants: the poller is a TCP ``Client`` over exactly the servers shown, with ``suspect_s``
 0, so a server that stops answering shows "down" at once and one that returns shows "up" at
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gcache.cli.top_tenants import tenant_lines
 from gcache.config import ClientConfig
 from gcache.config_loader import load_config
 from gcache.errors import InvalidRequest, MasterError
@@ -248,6 +250,7 @@ def render(targets: Targets, before: Mapping[str, Stat | None],
               if (m := misses_line(a, before.get(a), after.get(a))) is not None]
     if missed:
         lines += ["misses in the interval, server side, by reason:", *missed]
+    lines += tenant_lines(before, after, wall_s)
     reasons = " ".join(f"{r}={n}" for r, n in sorted(poller_misses.items())) or "none"
     lines.append(f"this poller's failed STATs by reason (why a server shows down): {reasons}")
     return lines + NOTES

@@ -21,7 +21,9 @@ PREFIX = "gcache_"
 SETTINGS = {
     "master": "masters' gRPC HOST:PORT, comma separated (dynamic membership)",
     "servers": "data servers' HOST:PORT, a list or comma separated (static membership)",
-    "token": "the cluster token, when the servers require one",
+    "token": "the cluster token, when the servers require one; or a tenant's token (gcache "
+             "tenant add): then every key this engine reads or writes is that tenant's alone, "
+             "within its quotas, and its values move over TCP (docs/operations.md, Tenants)",
     "timeout_ms": "milliseconds one IO may take before it is a miss (default 200)",
     "transport": "auto (shm for same-host servers, else tcp), tcp or shm",
     "io_threads": "SDK IO threads (default 4)",
@@ -29,7 +31,8 @@ SETTINGS = {
                           "default false: the server hashed them at COMMIT (docs/protocol.md)",
     "group_width": "servers one placement group is striped over (default 2; with masters, "
                    "the masters' --group-width in the cluster map wins)",
-    "namespace": "an extra label that separates tenants sharing one cluster",
+    "namespace": "an extra label in the keys, separating engines' names (not their rights "
+                 "or memory: a tenant's token does that)",
     "group_head_tokens": "tokens at the start of a sequence placed with its first page (the "
                          "shared head, e.g. a system prompt: make it cover the longest one); "
                          "deeper pages go with the first page past it (default 1024; "
