@@ -93,3 +93,25 @@ def test_each_tenants_bytes_are_counted_again_after_a_restart(quota_cluster):
     with quota_cluster.client(alice) as a, quota_cluster.client(bob) as b:
         wait_until(lambda: a.get("r/0") == b"a" * VALUE, 10)
         assert b.get("r/0") == b"b" * VALUE and b.get("r/10") is None
+
+
+def test_a_tenant_at_its_disk_quota_drops_its_own_oldest_values_from_disk(tmp_path):
+    """Behind a cold tier: a tenant whose values overflow memory to disk keeps no more than its
+    disk quota there, its own oldest values going first; another tenant's disk values stay."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with TenantCluster(tmp_path / "c", memory="8MiB",
+                       server_args=("--disk-dir", str(disk))) as cluster:
+        other = cluster.add("other", disk_quota_bytes=16 * MiB)
+        token = cluster.add("big", disk_quota_bytes=4 * MiB)
+        with cluster.client(other) as o:
+            assert o.batch_put([f"o/{i}" for i in range(16)], [b"o" * VALUE] * 16) == \
+                [True] * 16
+        with cluster.client(token) as c:
+            for i in range(192):                                  # 24 MiB through 8 MiB
+                assert c.put(f"big/{i}", b"x" * VALUE)
+            wait_until(lambda: figures(cluster)["big"]["disk_bytes"] > 2 * MiB, 15)
+            assert figures(cluster)["big"]["disk_bytes"] <= 4 * MiB
+            assert c.get("big/0") is None and c.get("big/191") == b"x" * VALUE
+        with cluster.client(other) as o:
+            assert o.batch_get([f"o/{i}" for i in range(16)]) == [b"o" * VALUE] * 16

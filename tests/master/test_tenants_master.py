@@ -124,3 +124,35 @@ def _table(link: MasterClient) -> dict[str, pb.Tenant]:
         return {t.name: t for t in link.tenants().tenants}
     except GCacheError:
         return {}
+
+
+def test_a_drain_hands_each_tenants_keys_over_into_that_tenants_space(tmp_path):
+    """The draining server places a tenant's key by the key the tenant sees and sends it as
+    that tenant: afterwards each tenant reads its own values from the remaining servers, the
+    other's never. A removed tenant's values were deleted already (the drain would skip any)."""
+    with TenantCluster(tmp_path, n_servers=3) as cluster:
+        alice, bob = cluster.add("alice"), cluster.add("bob")
+        gone = cluster.add("gone")
+        keys = [f"d/{i}" for i in range(90)]
+        with cluster.client(alice, map_refresh_s=0.2) as a, \
+                cluster.client(bob, map_refresh_s=0.2) as b, \
+                cluster.client(gone) as g:
+            assert a.batch_put(keys, [f"alice {k}".encode() for k in keys]) == [True] * 90
+            assert b.batch_put(keys[:30], [f"bob {k}".encode() for k in keys[:30]]) == \
+                [True] * 30
+            assert g.batch_put(keys[:30], [b"gone"] * 30) == [True] * 30
+            cluster.link.remove_tenant("gone")
+            cluster.wait_known("gone", present=False)
+            victim = next(s for s in cluster.link.status().servers
+                          if s.address == cluster.cluster.addresses[1])
+            out = subprocess.run([sys.executable, "-m", "gcache.cli", "drain", victim.id,
+                                  "--master", cluster.masters.spec, "--wait", "60"],
+                                 capture_output=True, text=True, timeout=120,
+                                 env=dict(os.environ, GCACHE_TOKEN=CLUSTER_TOKEN))
+            assert out.returncode == 0, out.stderr
+            wait_until(lambda: victim.address not in a.stats()["servers"] and
+                       victim.address not in b.stats()["servers"], 10)
+            assert a.batch_get(keys) == [f"alice {k}".encode() for k in keys]
+            assert b.batch_get(keys) == [f"bob {k}".encode() for k in keys[:30]] + [None] * 60
+        log = cluster.cluster.tail(cluster.cluster.servers[1], 50)
+        assert "failed=0 dropped=0" in log
