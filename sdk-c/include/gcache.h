@@ -65,7 +65,7 @@ typedef enum gcache_transport {
 typedef void (*gcache_log_fn)(void *user, const char *line);
 
 typedef struct gcache_options {
-    const char *token;          /* cluster token, or NULL; copied by gcache_open */
+    const char *token;          /* cluster token, a tenant's ("<name>.<secret>"), or NULL */
     double timeout_s;           /* one IO at most this long (0.2) */
     size_t io_size;             /* bytes one socket IO moves at most (1 MiB; 4 KiB..64 MiB) */
     unsigned io_threads;        /* library threads doing all IO (4; 1..256) */

@@ -32,6 +32,7 @@ enum gc_status {
 #define GC_FLAG_CONTENT_ADDRESSED 0x08u
 #define GC_FLAG_PINNED 0x10u
 #define GC_FLAG_PARENT 0x20u
+#define GC_FLAG_TENANT 0x40u             /* AUTH: a tenant's proof, then its name */
 
 /* Table entries of batch payloads. */
 #define GC_GET_ENTRY 17          /* BATCH_GET reply: u8 status, u64 length, u64 checksum */

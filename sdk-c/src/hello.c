@@ -70,11 +70,11 @@ done:
     return rc;
 }
 
-/* One round of the handshake: send op (with payload), read its reply and payload. */
-static int round_trip(gc_conn *c, uint8_t op, const void *payload, size_t payload_len,
-                      int want_fd, gc_header *reply, char **body, int *fd)
+/* One round of the handshake: send op (with flags and payload), read its reply and payload. */
+static int round_trip(gc_conn *c, uint8_t op, uint8_t flags, const void *payload,
+                      size_t payload_len, int want_fd, gc_header *reply, char **body, int *fd)
 {
-    gc_header req = {.op = op};
+    gc_header req = {.op = op, .flags = flags};
     uint8_t raw[GC_HEADER_SIZE];
     const char *why;
     int rc = gc_request(c, &req, NULL, 0, payload, payload_len);
@@ -114,19 +114,33 @@ int gc_hello(gc_conn *c, const char *token, int want_fd, gc_facts *facts, int *f
     int got_fd = -1;
     const char *why;
     gc_conn_expect(c, GC_MAX_HELLO);
-    int rc = round_trip(c, GC_HELLO, NULL, 0, want_fd, &reply, &body, &got_fd);
+    int rc = round_trip(c, GC_HELLO, 0, NULL, 0, want_fd, &reply, &body, &got_fd);
+    /* a tenant token ("<name>.<secret>"): the tenant's proof, then its name (flag TENANT) */
+    size_t tenant = token ? gc_tenant_name_len(token) : 0;
     if (!rc && reply.status == GC_ST_AUTH_REQUIRED) {
         if (got_fd >= 0) close(got_fd);     /* a descriptor before AUTH was never asked for */
         got_fd = -1;
         if (!token) rc = GCACHE_MISS_AUTH;
         else if (reply.payload_len > MAX_NONCE) rc = GCACHE_MISS_PROTOCOL;
         else {
-            uint8_t proof[32];
-            gc_auth_proof(token, (const uint8_t *)body, (size_t)reply.payload_len, proof);
+            uint8_t proof[32 + 32];
+            size_t len = 32;
+            if (tenant) {
+                gc_tenant_proof(token, tenant, (const uint8_t *)body,
+                                (size_t)reply.payload_len, proof);
+                memcpy(proof + 32, token, tenant);
+                len += tenant;
+            } else {
+                gc_auth_proof(token, (const uint8_t *)body, (size_t)reply.payload_len, proof);
+            }
             free(body);
             body = NULL;
-            rc = round_trip(c, GC_AUTH, proof, sizeof proof, want_fd, &reply, &body, &got_fd);
+            rc = round_trip(c, GC_AUTH, tenant ? GC_FLAG_TENANT : 0, proof, len, want_fd,
+                            &reply, &body, &got_fd);
         }
+    } else if (!rc && tenant) {
+        /* a server that asks for no token cannot keep a tenant's keys apart: not used */
+        rc = GCACHE_MISS_AUTH;
     }
     if (!rc && reply.status != GC_ST_OK)
         rc = reply.status == GC_ST_AUTH_FAILED || reply.status == GC_ST_AUTH_REQUIRED

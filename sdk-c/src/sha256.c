@@ -123,3 +123,42 @@ void gc_auth_proof(const char *token, const uint8_t *nonce, size_t nonce_len, ui
     memcpy(msg + n, context, sizeof context - 1);
     gc_hmac_sha256(token, strlen(token), msg, n + sizeof context - 1, proof);
 }
+
+static int is_name_char(char ch, int first)
+{
+    if (ch >= 'a' && ch <= 'z') return 1;
+    return !first && ((ch >= '0' && ch <= '9') || ch == '_' || ch == '-');
+}
+
+static int is_secret_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '-';
+}
+
+size_t gc_tenant_name_len(const char *token)
+{
+    size_t n = 0;
+    while (n < 32 && token[n] && is_name_char(token[n], n == 0)) n++;
+    if (n == 0 || token[n] != '.') return 0;
+    size_t secret = 0;
+    while (token[n + 1 + secret] && is_secret_char(token[n + 1 + secret])) secret++;
+    return secret == 43 && token[n + 1 + secret] == 0 ? n : 0;
+}
+
+void gc_tenant_proof(const char *token, size_t name_len, const uint8_t *nonce, size_t nonce_len,
+                     uint8_t proof[32])
+{
+    static const char context[] = "gcache-tenant-v1";
+    uint8_t hashed[32], msg[256 + sizeof context + 32];
+    gc_sha256 s;
+    gc_sha256_init(&s);
+    gc_sha256_update(&s, token, strlen(token));
+    gc_sha256_final(&s, hashed);
+    /* a nonce is 16 bytes; a longer one (a lying server) is cut, and the proof then fails */
+    size_t n = nonce_len > 256 ? 256 : nonce_len;
+    if (n) memcpy(msg, nonce, n);
+    memcpy(msg + n, context, sizeof context - 1);
+    memcpy(msg + n + sizeof context - 1, token, name_len);
+    gc_hmac_sha256(hashed, sizeof hashed, msg, n + sizeof context - 1 + name_len, proof);
+}

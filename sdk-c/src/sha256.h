@@ -24,4 +24,14 @@ void gc_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg
 /* The AUTH payload: HMAC-SHA256(key = token, message = nonce || "gcache-data-plane-v1"). */
 void gc_auth_proof(const char *token, const uint8_t *nonce, size_t nonce_len, uint8_t proof[32]);
 
+/* The length of the tenant name a tenant token "<name>.<secret>" starts with (a lowercase
+ * letter, then up to 31 of [a-z0-9_-]; a secret of 43 URL-safe base64 characters), or 0 when
+ * token is not one (a cluster token): gcache/tenant_token.py's rule. */
+size_t gc_tenant_name_len(const char *token);
+
+/* A tenant's AUTH proof: HMAC-SHA256(key = SHA-256(token), message = nonce ||
+ * "gcache-tenant-v1" || name), name being the token's first name_len bytes. */
+void gc_tenant_proof(const char *token, size_t name_len, const uint8_t *nonce, size_t nonce_len,
+                     uint8_t proof[32]);
+
 #endif

@@ -103,6 +103,28 @@ def test_the_cluster_token(tmp_path, mode):
             run("test_cross", "auth", mode, *servers(private), "--transport", transport, *given)
 
 
+def test_a_tenant_token_scopes_libgcaches_keys(tmp_path):
+    """libgcache given a tenant's token (``<name>.<secret>``) proves the tenant (AUTH with the
+    TENANT flag) and reaches that tenant's keys only, through the masters' map (which a
+    tenant's token opens); its values go over TCP even on this host."""
+    from tests.tenancy import CLUSTER_TOKEN, TenantCluster
+    with TenantCluster(tmp_path) as cluster:
+        alice, bob = cluster.add("alice"), cluster.add("bob")
+        run("test_cross", "xput", "tenant", "6", "--master", cluster.masters.spec,
+            "--token", alice)
+        run("test_cross", "xget", "tenant", "6", "--master", cluster.masters.spec,
+            "--token", alice)
+        keys = [f"tenant/{i}" for i in range(6)]
+        groups = ["tenant-group" if i % 3 == 0 else None for i in range(6)]
+        with cluster.client(alice) as a, cluster.client(bob) as b, \
+                Client(cluster.cluster.addresses, token=CLUSTER_TOKEN, timeout_s=2.0) as admin:
+            for key, group, size in zip(keys, groups, SIZES, strict=False):
+                assert a.get(key, group=group) == value_of(key, size), key
+                assert b.get(key, group=group) is None and admin.get(key) is None
+        run("test_cross", "auth", "bad", "--servers", cluster.address, "--transport", "tcp",
+            "--token", alice[:-1] + ("A" if alice[-1] != "A" else "B"))
+
+
 def test_keys_follow_the_masters_map(tmp_path):
     with LocalMasters(1, log_dir=str(tmp_path / "masters")) as masters, \
             LocalCluster(2, memory="64MiB", master=masters.spec,
