@@ -10,9 +10,9 @@ A data server never sees a tenant's token, only its hash, so AUTH for a tenant p
 of the hash: ``tenant_proof`` is HMAC-SHA256 keyed with the hash over the server's nonce, a
 context string and the name. Anyone holding the hash could make it: the masters and servers,
 which the administrator runs, hold it; a tenant holding its token computes it; nobody else.
-The administrator (the cluster token) may act as a tenant (the drain hands a tenant's values to
-their new owner that way, ``gcache get --tenant``): ``admin_as_tenant_proof`` is keyed with the
-cluster token, over another context, so neither proof stands in for the other.
+The administrator (the cluster token) may act as a tenant (a draining server hands a tenant's
+values to their new owner that way): ``admin_as_tenant_proof`` is keyed with the cluster token,
+over another context, so neither proof stands in for the other.
 
 Why a hash and not the token itself in the table: the table travels to every server and into
 the masters' Raft journal; a leaked copy gives data-plane access as the tenant (the hash is the

@@ -18,6 +18,7 @@ import threading
 
 from gcache.errors import GCacheError
 from gcache.master_client import MasterClient
+from gcache.proto import master_pb2 as pb
 from gcache.server.tenant_keys import ADMIN, owner_of
 from gcache.server.tenant_table import Tenants
 from gcache.server.tier_protocol import Listing, Tier
@@ -33,14 +34,17 @@ class TenantFollower:
         self.purged = 0                       # values of removed tenants deleted so far
 
     def seen(self, version: int) -> None:
-        """A master answered with tenant table ``version``: fetch it unless it is ours."""
+        """A master answered with tenant table ``version``: fetch it unless it is ours.
+        Version 0 is the empty table (every change moves it), taken without a call: masters
+        of a release before tenants answer 0 and have no ``GetTenants``."""
         if self.tenants.known and version == self.tenants.version:
             return
         with self._fetching:
             if self.tenants.known and version == self.tenants.version:
                 return
             try:
-                table = self.link.tenants(self.tenants.version if self.tenants.known else 0)
+                table = (self.link.tenants(self.tenants.version if self.tenants.known else 0)
+                         if version else pb.TenantTable(version=0, changed=True))
             except GCacheError as exc:
                 log.warning("tenants.fetch_failed error=%s", exc)
                 return
