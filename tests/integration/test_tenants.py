@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import random
 import struct
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gcache import Client
+from gcache.cli.ports import free_ports
 from gcache.errors import GCacheError
 from gcache.frame import (
     FLAG_PARENT,
@@ -35,9 +38,12 @@ MARK = b"\xff\xfe"
 
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory):
+    (port,) = free_ports(1)
     with TenantCluster(tmp_path_factory.mktemp("tenants"),
-                       server_args=("--unreachable-sweep", "0.2")) as cluster:
+                       server_args=("--unreachable-sweep", "0.2", "--metrics-listen",
+                                    f"127.0.0.1:{port}")) as cluster:
         cluster.tokens = {name: cluster.add(name) for name in ("alice", "bob")}
+        cluster.metrics_url = f"http://127.0.0.1:{port}/metrics"
         yield cluster
 
 
@@ -234,6 +240,24 @@ def test_stat_shows_a_tenant_only_its_own_figures(tenants):
     everyone = next(iter(tenants.admin_stats().values()))["tenants"]
     assert {"alice", "bob", "_admin"} <= set(everyone)
     assert everyone["bob"]["memory_bytes"] > 0
+
+
+def test_prometheus_has_each_tenants_figures_under_a_tenant_label(tenants):
+    with tenants.client(tenants.tokens["alice"]) as a:
+        assert a.put("prom/k", b"p" * 5000) and a.get("prom/k") and a.get("prom/none") is None
+    request = urllib.request.Request(tenants.metrics_url,
+                                     headers={"Authorization": f"Bearer {CLUSTER_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(answer.read().decode())
+                   for s in family.samples}
+    assert samples["gcache_server_tenant_bytes", (("tenant", "alice"), ("tier", "memory"))] > 0
+    for name in ("hits", "misses", "puts"):
+        assert samples[f"gcache_server_tenant_{name}_total", (("tenant", "alice"),)] >= 1
+    for name in ("evictions", "refusals"):
+        assert (f"gcache_server_tenant_{name}_total", (("tenant", "bob"),)) in samples
+    assert ("gcache_server_tenant_quota_bytes", (("tenant", "_admin"), ("tier", "disk"))) \
+        in samples
 
 
 def test_a_tenants_token_opens_the_cluster_map_and_nothing_else_of_the_masters(tenants):
