@@ -31,11 +31,6 @@ every window is in one class, and the rule is the one above, unchanged.
 Second chances: a value read since it was written, whose prefix is still whole, is copied to
 the young end instead of being dropped (once per read), so a prefix head that requests keep
 reading stays while the pages nobody came back for go; a value whose parent is gone gets none.
-So does a value put twice or more lately (``gcache.put_sketch``), once per extra put, read or
-not: it was evicted before and requests came back for it, so its reuse spans more than one turn
-of the cache, which first in, first out would miss again (on the replay suite at a 2% budget:
-multi-tenant 0.669 -> 0.679, tool calls 0.593 -> 0.597, conversation 0.339 -> 0.340, agent loops
-0.897 -> 0.895).
 One claim re-appends into at most ``rescue_bound`` extra segments (each re-append answers one
 earlier read, so the work is bounded by reads over time; the cap bounds one claim's stall, and
 a sweep of copies in a small arena must not turn the whole arena over within a moment).
@@ -112,12 +107,10 @@ def choose_victim(candidates: Iterable[Candidate], *, young_ok: bool,
     return best
 
 
-def earns_second_chance(*, read: bool, reachable: bool, puts: int = 1) -> bool:
+def earns_second_chance(*, read: bool, reachable: bool) -> bool:
     """Whether an evicted value is re-appended at the young end instead of dropped: read since
-    it was written or put at least twice lately (``puts``, from ``gcache.put_sketch``; the
-    caller spends one when it is granted unread), and its prefix still whole (its parent
-    held)."""
-    return reachable and (read or puts >= 2)
+    it was written, and its prefix still whole (its parent held)."""
+    return read and reachable
 
 
 def rescue_bound(segments: int) -> int:

@@ -3,9 +3,8 @@
 It keeps what the real cluster keeps, as whole units — a page over all paged layers, a window
 tail over all SWA layers — and evicts by the server's own rule, ``gcache.eviction``, each unit a
 span of its own: a unit whose prefix is broken goes first (a span made of values that can no
-longer hit), else the oldest; and a unit read since it was stored, or stored more than once
-lately (counted in the server's own ``gcache.put_sketch``), gets a second chance unless its
-prefix is broken. A lookup's
+longer hit), else the oldest; and a unit read since it was stored gets one second chance unless
+its prefix is broken. A lookup's
 hit reads its pages and the tail at its boundary, as the engine's load of it does. It shares
 the page hashing, the window-safe rule and the store policies with ``KVStore``, so a replay here
 and a replay on a real cluster differ only in what the model leaves out: per-layer objects,
@@ -26,11 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gcache.eviction import NEVER_WRITTEN, Candidate, choose_victim, earns_second_chance
-from gcache.keys import key_hash
 from gcache.kv.layout import ModelLayout
 from gcache.kv.policy import PressureGauge, StorePolicy
 from gcache.kv.window import leading, safe_boundary
-from gcache.put_sketch import PutSketch
 
 
 class SecondChanceBudget:
@@ -42,12 +39,8 @@ class SecondChanceBudget:
     def __init__(self, budget_bytes: int,
                  on_change: Callable[[bytes, int], None] | None = None,
                  broken: Callable[[bytes], bytes | None] | None = None,
-                 is_broken: Callable[[bytes], bool] | None = None,
-                 capacity_units: int | None = None) -> None:
-        """``capacity_units``: about how many units the budget holds (sizes the put sketch;
-        ``budget_bytes`` when None, for units of one byte)."""
+                 is_broken: Callable[[bytes], bool] | None = None) -> None:
         self.budget_bytes = budget_bytes
-        self.puts = PutSketch(budget_bytes if capacity_units is None else capacity_units)
         self._broken = broken
         self._is_broken = is_broken or (lambda unit: False)
         self.used_bytes = 0
@@ -65,17 +58,13 @@ class SecondChanceBudget:
             return True
         if size_bytes > self.budget_bytes:
             return False
-        self.puts.add(key_hash(unit), len(self._units))
         self._units[unit] = size_bytes
         self.used_bytes += size_bytes
         if self._on_change:
             self._on_change(unit, size_bytes)
         while self.used_bytes > self.budget_bytes:
             old, reachable = self._victim(unit)
-            read, hashed = old in self._read, key_hash(old)
-            if earns_second_chance(read=read, reachable=reachable, puts=self.puts.puts(hashed)):
-                if not read:
-                    self.puts.spend(hashed)
+            if earns_second_chance(read=old in self._read, reachable=reachable):
                 self._read.discard(old)
                 self._units.move_to_end(old)
                 continue
@@ -124,7 +113,9 @@ class Reachability:
         self.page_bytes = page_bytes
         self.reachable_bytes = 0
         self._parent: dict[bytes, bytes | None] = {}
-        self._kids: dict[bytes, set[bytes]] = {}     # held children of a page
+        # held children of a page, in the order they were stored: a dict, not a set, so the
+        # order units become broken (and so which goes first) is the same in every process
+        self._kids: dict[bytes, dict[bytes, None]] = {}
         self._tails: dict[bytes, int] = {}           # held tails and their bytes
         self._whole: set[bytes] = set()
         # held units whose prefix is broken, in the order they became so
@@ -153,14 +144,14 @@ class Reachability:
         parent = self._parent[node]
         if size_bytes > 0:
             if parent is not None:
-                self._kids.setdefault(parent, set()).add(node)
+                self._kids.setdefault(parent, {})[node] = None
             if parent is None or parent in self._whole:
                 self._walk(node, 1)
             else:
                 self._broken[unit] = None
         else:
             if parent is not None:
-                self._kids[parent].discard(node)
+                self._kids[parent].pop(node, None)
             if node in self._whole:
                 self._walk(node, -1)
             self._broken.pop(unit, None)          # gone: nothing left to evict first
@@ -222,8 +213,7 @@ class StoreModel:
         self.units = SecondChanceBudget(budget_bytes,
                                         self._reach.change if self._reach else None,
                                         self._reach.first_broken if self._reach else None,
-                                        self._reach.is_broken if self._reach else None,
-                                        capacity_units=budget_bytes // self._page_bytes or 1)
+                                        self._reach.is_broken if self._reach else None)
         self._gauge = PressureGauge()
 
     @property

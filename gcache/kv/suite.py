@@ -70,8 +70,8 @@ def trace_requests(name_or_path: str, *, limit: int | None = None) -> list[Trace
     if name_or_path in by_name:
         return by_name[name_or_path].load()[:limit]
     if not os.path.exists(name_or_path):
-        raise ConfigError("trace", name_or_path, f"is neither a file nor one of the suite's "
-                          f"traces {list(NAMES)}")
+        raise ConfigError("trace", name_or_path, f"cannot be opened: no such file, and not "
+                          f"one of the suite's traces {list(NAMES)}")
     return read_trace(name_or_path, limit=limit)
 
 

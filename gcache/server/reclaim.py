@@ -4,9 +4,7 @@
 runs that rule over the arena and the index (all under the tier's lock, ``space``):
 - **A claim** takes room in the open segment, or chooses a victim window among the arena's
   candidates, forgets the records of the spans it touches (``Index.forget_span``) and claims it.
-  Without a cold tier the values read since they were written, or put again lately (counted
-  in ``puts``, a ``put_sketch.PutSketch`` that the tier feeds on every client commit), are
-  copied aside first and
+  Without a cold tier the values read since they were written are copied aside first and
   re-appended after the record that needed the room, in the reopened segment and up to
   ``eviction.rescue_bound`` more reclaimed for them (a copy never takes a young span); one
   whose parent is gone by then is dropped. Behind a cold tier only clean spans are candidates
@@ -18,8 +16,8 @@ runs that rule over the arena and the index (all under the tier's lock, ``space`
   drop before it takes a young span (one a client committed into a moment ago), and refuses
   (NoSpace) when nothing is left. Once such a wait ran out in vain, claims refuse at once until
   some span is unpinned, so a batch of a thousand ALLOCs into a pinned arena takes one wait.
-- **The demoter's side** (``tiered.Demoter``): pin the oldest dirty span, re-append its values
-  that earn a second chance, and mark it clean once the rest is on disk.
+- **The demoter's side** (``tiered.Demoter``): pin the oldest dirty span, re-append its read
+  values, and mark it clean once the rest is on disk.
 - **Tenants.** Room is claimed for an owner (``tenant_keys.owner_of`` the key): its open
   segment, then a victim chosen with every owner's standing against its memory quota
   (``Quotas``; ``gcache.eviction`` says what that changes). A second chance goes back into its
@@ -37,7 +35,6 @@ from typing import NamedTuple, Protocol
 
 from gcache.errors import NoSpace
 from gcache.eviction import choose_victim, earns_second_chance, rescue_bound
-from gcache.put_sketch import PutSketch
 from gcache.record_layout import record_size, value_offset
 from gcache.server import record
 from gcache.server.arena import Arena, Segment
@@ -47,7 +44,6 @@ from gcache.server.tier_counters import TierCounters
 from gcache.server.tier_protocol import Entry
 
 ALLOC_WAIT_S = 2.0       # longest a claim waits for the demoter before NoSpace
-SKETCH_OBJECT_BYTES = 4096   # the put sketch is sized for an arena of objects this small
 PIN_WAIT_S = 0.25        # longest a claim waits for a pin on an older span to drop
 LAG_CHECK_S = 0.05       # meanwhile, how often it looks for transfers that came to lag
 
@@ -88,8 +84,6 @@ class Reclaim:
         self.quotas = quotas
         # values each owner lost to claims (no second chance): per-tenant evictions
         self.evicted_by_owner: collections.Counter[int] = collections.Counter()
-        # recent puts per key: a value put again after it was evicted earns a second chance
-        self.puts = PutSketch(arena.size_bytes // SKETCH_OBJECT_BYTES)
         self._rescued: deque[Rescued] = deque()
         # keys waiting in ``_rescued`` (a parent waiting there is still held)
         self._rescuing: collections.Counter[bytes] = collections.Counter()
@@ -223,28 +217,13 @@ class Reclaim:
         self.counters.evicted_segments += 1
         self.arena.free(head)
 
-    def note_put(self, hash_: int) -> None:
-        """A client committed a value of the key hashed ``hash_`` (``Index.hash``); not a
-        second chance's copy, nor a promotion. Under the lock."""
-        self.puts.add(hash_, len(self.index))
-
-    def _earns_pass(self, key: bytes, read: bool) -> bool:
-        """``earns_second_chance`` for a value whose parent is held, spending the put it is
-        granted on when unread. Under the lock."""
-        hash_ = self.index.hash(key)
-        granted = earns_second_chance(read=read, reachable=True, puts=self.puts.puts(hash_))
-        if granted and not read:
-            self.puts.spend(hash_)
-        return granted
-
     def _read_since_written(self, offsets: list[int]) -> list[Rescued]:
-        """Copies of the records that earn a second chance (leased since they were written, or
-        put again lately), in the order they were appended (so a parent comes before the
-        values hanging from it)."""
+        """Copies of the records leased since they were written, in the order they were
+        appended (so a parent comes before the values hanging from it)."""
         out, view = [], self.arena.view
         for offset in sorted(offsets):
-            fields = record.read(view, offset)
-            if self._earns_pass(fields.key, record.is_read(view, offset)):
+            if record.is_read(view, offset):
+                fields = record.read(view, offset)
                 start = value_offset(offset, len(fields.key) + len(fields.parent))
                 out.append(Rescued(fields.key, bytes(view[start:start + fields.length]),
                                    fields.checksum, fields.group, fields.parent))
@@ -252,8 +231,7 @@ class Reclaim:
 
     def _rescue(self) -> None:
         """Re-append the values copied aside, as far as ``rescue_bound`` allows (the rest is
-        evicted after all). The new records are young and unread: one chance per read or
-        extra put."""
+        evicted after all). The new records are young and unread: one chance per read."""
         extra, most = 0, rescue_bound(len(self.arena.segments))
         while self._rescued:       # taken as placed: one segment's copies held at a time
             key, value, checksum, group, parent = self._rescued.popleft()
@@ -329,9 +307,8 @@ class Reclaim:
                 with self.space:
                     self.counters.unreachable_evicted += 1
                 continue
-            with self.space:
-                passes = self._earns_pass(entry.key, entry.read)
-            if not (passes and self.reappend(entry)):
+            if not (earns_second_chance(read=entry.read, reachable=True)
+                    and self.reappend(entry)):
                 out.append(entry)
         return out
 

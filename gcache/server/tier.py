@@ -194,7 +194,6 @@ class HotTier:
                         pinned=entry.pinned)
             if not if_absent:                     # a promotion is a copy, not a fresh write
                 self.arena.mark_committed(entry.head, entry.length)
-                self.reclaim.note_put(hash_)
             self.counters.puts += 1
         return True
 
@@ -240,10 +239,8 @@ class HotTier:
                      key=key, length=len(value), checksum=checksum_,
                      seq=self.arena.next_record_seq(), group=group, pinned=pinned,
                      parent=parent)
-        hash_ = self.index.hash(key)
-        self._point(key, hash_, offset, len(value), head, pinned=pinned)
+        self._point(key, self.index.hash(key), offset, len(value), head, pinned=pinned)
         self.arena.mark_committed(head, len(value))
-        self.reclaim.note_put(hash_)
         self.counters.puts += 1
         return True
 

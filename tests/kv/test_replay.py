@@ -2,6 +2,7 @@
 and the command's JSON and PNG."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -96,3 +97,20 @@ def test_replay_command_rejects_bad_arguments(args, message):
     proc = subprocess.run([sys.executable, "-m", "gcache.cli", "replay", "--trace", TRACE,
                            "--limit", "5", *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_the_models_figures_do_not_depend_on_the_processes_hash_seed():
+    """``gcache demo`` compares its own model run with this process's: the model's rows must
+    come out the same in any process (no iteration over a set of bytes decides a victim)."""
+    script = ("import json,sys; from gcache.kv import ModelLayout; "
+              "from gcache.kv.replay import prepare, replay_model; "
+              "from gcache.kv.trace import BLOCK_SIZE, conversations, read_trace; "
+              "layout = ModelLayout.from_config('mimo-v2.5-pro', page_size=BLOCK_SIZE); "
+              "trace = prepare(conversations(read_trace(sys.argv[1]), limit=6), layout); "
+              "print(json.dumps([(r.policy, r.budget_fraction, r.hit_rate) for r in "
+              "replay_model(trace, ['adaptive', 'full-layer'], [0.1, 0.5])]))")
+    runs = [subprocess.run([sys.executable, "-c", script, TRACE], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONHASHSEED": seed})
+            for seed in ("0", "1", "2")]
+    assert all(run.returncode == 0 for run in runs), [run.stderr for run in runs]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout and runs[0].stdout.strip()
