@@ -12,8 +12,10 @@ with a nonce) and proves one of three things with AUTH:
 The scope comes from the proof alone; nothing in a later request can change it.
 
 A tenant is held to its proof for as long as the connection lives (``still_valid``, asked
-before every request): once the table says it is revoked or removed, its next request is
-refused with AUTH_FAILED and the connection closed. A tenant's connection never gets the
+before every request): once the table says it is revoked or removed, or holds another token for
+it (``gcache tenant set --new-token``: a leaked token must stop working on open connections
+too, and a revoke then re-activate within one heartbeat must still end them), its next request
+is refused with AUTH_FAILED and the connection closed. A tenant's connection never gets the
 arena's descriptor, the NIXL offer nor the Unix socket's path (``facts_for``): mapping the arena
 or reading it over RDMA would show every tenant's values, so a tenant's values move over TCP.
 """
@@ -43,6 +45,7 @@ class ConnectionAuth:
         self.scope = Scope()
         self.tenant: Tenant | None = None
         self._acting = False             # the administrator acting as ``tenant``
+        self._proven_hash = b""          # the tenant token's hash the proof was keyed with
 
     def verify(self, flags: int, payload: bytes) -> None:
         """Take an AUTH payload; raises Refused(AUTH_FAILED) when it proves nothing."""
@@ -71,15 +74,18 @@ class ConnectionAuth:
                         tenant.active)
             raise Refused(Status.AUTH_FAILED, f"tenant {name!r}: wrong or revoked token")
         self.tenant, self.scope, self.authenticated = tenant, Scope(tenant.id), True
+        self._proven_hash = tenant.token_sha256
 
     def still_valid(self) -> bool:
-        """Whether the connection may go on: its tenant (if any) is still active, or, for
-        the administrator acting as one, still exists."""
+        """Whether the connection may go on: its tenant (if any) is still active with the
+        token it proved, or, for the administrator acting as one, still exists."""
         if self.tenant is None:
             return True
         if self._acting:
             return self._tenants.exists(self.tenant.id)
-        return self._tenants.is_active(self.tenant.id)
+        now = self._tenants.by_id(self.tenant.id)
+        return now is not None and now.active and hmac.compare_digest(now.token_sha256,
+                                                                       self._proven_hash)
 
 
 def facts_for(hello: Mapping[str, object], *, tenant: bool) -> bytes:

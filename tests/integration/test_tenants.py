@@ -306,6 +306,21 @@ def test_a_revoked_tenant_is_refused_after_one_refresh_and_a_removed_ones_values
         conn.close()
 
 
+def test_a_new_token_ends_the_connections_opened_with_the_old_one(tenants):
+    """``gcache tenant set --new-token`` is what an operator runs for a leaked token: a client
+    connected with the old one is refused from the next refresh on, not only new ones."""
+    old = tenants.add("dave")
+    with tenants.client(old) as c:
+        assert c.put("rot/k", b"dave" * 100) and c.get("rot/k") == b"dave" * 100
+        new = tenants.link.set_tenant("dave", new_token=True).token
+        wait_until(lambda: c.get("rot/k") is None, 10)
+        assert c.stats()["misses_by_reason"].get("auth", 0) >= 1
+    conn, reply, _ = raw_conn(tenants.address, old)
+    assert reply.status == Status.AUTH_FAILED
+    conn.close()
+    assert _reads(tenants, new, "rot/k") == b"dave" * 100
+
+
 def _reads(tenants: TenantCluster, token: str, key: str) -> bytes | None:
     with tenants.client(token) as c:
         return c.get(key)
