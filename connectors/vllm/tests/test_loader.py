@@ -140,7 +140,7 @@ def test_with_the_host_cache_a_second_load_finds_the_foreign_chunks_on_this_host
     push_directory(store, model_dir, name)
     with file_store({"host_cache": True}, store.client) as cached:
         assert cached.host_cache is not None
-        host = cached.host_server
+        host = cached.reader.host_server
         got, weights = read(cached, model_dir, name)
         assert_same(got, expected(model_dir))
         digests = {d for path in weights.from_gcache
