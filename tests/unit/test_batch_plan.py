@@ -34,3 +34,16 @@ def test_a_group_per_key_cuts_requests_by_owner_and_group():
         assert len(one) <= d.config.group_width
     finally:
         d.close()
+
+
+def test_a_batch_reads_copies_run_in_jobs_of_one_link_and_a_few_mib():
+    from gcache.sdk.batch import COPY_JOB_BYTES, _copy_jobs
+    from gcache.sdk.leases import Extent
+    a, b = object(), object()                      # two links (only their identity matters)
+    page = COPY_JOB_BYTES // 4
+    copies = [(a, i, Extent(1, i * page, page), None) for i in range(6)]
+    copies += [(b, 6, Extent(2, 0, page), None), (a, 7, Extent(1, 0, 10), None)]
+    jobs = _copy_jobs(copies)
+    assert [[c[1] for c in job] for job in jobs] == [[0, 1, 2, 3], [4, 5], [6], [7]]
+    assert [c for job in jobs for c in job] == copies          # every copy once, in order
+    assert _copy_jobs([]) == []

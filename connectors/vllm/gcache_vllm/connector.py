@@ -207,11 +207,11 @@ class GCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker.wait_saves(tuple(save.req_id for save in meta.saves) if meta else ())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        sent, received, _ = self.worker.get_finished()
+        sent, received, _ = self.worker.get_finished(self._bound())
         return sent or None, received or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        sent, received, failed = self.worker.get_finished()
+        sent, received, failed = self.worker.get_finished(self._bound())
         return KVConnectorTransferResults(finished_sending=sent, finished_recving=received,
                                           failed_recving=failed)
 

@@ -36,3 +36,5 @@ class GCacheConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     saves_at_finish: list[SaveSpec] = field(default_factory=list)   # prompt and answer
+    # the step schedules no tokens (every request is parked): a worker may wait for its loads
+    idle: bool = False

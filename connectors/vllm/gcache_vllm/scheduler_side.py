@@ -193,7 +193,8 @@ class SchedulerSide:
 
     def build_meta(self, scheduler_output: Any) -> GCacheConnectorMetadata:
         meta = GCacheConnectorMetadata(loads=self._async_loads,
-                                       saves_at_finish=self._finish_saves)
+                                       saves_at_finish=self._finish_saves,
+                                       idle=not any(scheduler_output.num_scheduled_tokens.values()))
         self._async_loads, self._finish_saves = [], []
         for save in meta.saves_at_finish:
             self._finishing[save.req_id] = save.token_ids

@@ -46,6 +46,8 @@ from gcache_vllm.staging import DEFAULT_PINNED_BYTES, DONE, Transfers
 if TYPE_CHECKING:                        # metadata subclasses vLLM's; this module runs without
     from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
 
+IDLE_WAIT_S = 0.01       # an empty step waits this long at most for an asynchronous load
+
 # Under vLLM's own logger (``_compat.get_logger``), without importing vLLM here: this module
 # runs on GPU hosts' check machines that have torch but no vLLM.
 log = logging.getLogger(f"vllm.{__name__}")
@@ -209,11 +211,19 @@ class WorkerSide:
         self.phases.placed(spec.req_id, host.numel())
         self._count("loaded_layers", 1)
 
-    def get_finished(self) -> tuple[set[str], set[str], set[str]]:
+    def get_finished(self, meta: GCacheConnectorMetadata | None = None,
+                     ) -> tuple[set[str], set[str], set[str]]:
         """(finish saves done, asynchronous loads done, those of them that failed) since the
         last call. A load is applied here, after the forward pass, once all of it has arrived:
         its blocks are the parked request's alone, and the next forward pass is queued after
-        these copies."""
+        these copies. In a step with nothing to compute (``meta.idle``: every request waits
+        for a load) this waits ``IDLE_WAIT_S`` at most for a load to arrive: vLLM's engine
+        loop would otherwise run empty steps back to back, and its Python held the GIL the
+        loader threads need (a parked 8K-token load fetched at a third of its speed)."""
+        if meta is not None and meta.idle:
+            pending = [h for _, h, _ in self._async_loads.values() if h is not None and not h.done]
+            if pending:
+                pending[0].wait(IDLE_WAIT_S)
         received = set()
         for req_id, (spec, handle, sink) in list(self._async_loads.items()):
             if handle is not None and not handle.done:

@@ -77,14 +77,19 @@ def test_a_gather_off_block_boundaries_and_unknown_layouts_are_refused():
         PagedLayer(torch.zeros(3, 3, PAGE, HEADS, HD), PAGE)
 
 
-def test_on_cpu_the_transfers_hand_back_the_rows_own_bytes():
+def test_on_cpu_the_transfers_hand_back_the_rows_own_bytes_and_reuse_load_buffers():
     transfers = Transfers(torch.device("cpu"))
     rows = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
     host, ready = transfers.to_host(rows)
     assert ready is DONE and host.data_ptr() == rows.data_ptr() and host.numel() == 96
     staged, copied = transfers.to_device(host)
     assert staged is host and copied is DONE
-    assert transfers.host_buffer(10).numel() == 10 and transfers.pool.allocations == 0
+    transfers.release(host)                           # the rows' own bytes: not the pool's
+    loaded = transfers.host_buffer(10)                # a load's buffer: the pool's, reused
+    assert loaded.numel() == 10 and transfers.pool.allocations == 1
+    transfers.release(loaded)
+    again = transfers.host_buffer(10)
+    assert again.data_ptr() == loaded.data_ptr() and transfers.pool.allocations == 1
 
 
 def test_the_staging_sink_hands_out_slices_of_one_buffer_per_layer():
