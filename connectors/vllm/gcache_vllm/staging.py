@@ -16,10 +16,14 @@ pass, which is the thread that asks. On a CPU-only engine the copies are plain t
 operations and nothing is pinned, but a load's buffers still come from the pool: a fresh
 buffer costs a page fault per 4 KiB the fetch first writes (a 16K-token prefix's 256 MiB
 loaded at half the speed into new memory as into reused memory).
+
+A load's bytes land in a ``StagingSink`` (a host buffer per layer, from ``Transfers``); a save
+reads a layer's gathered rows through a ``GatheredSource``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -95,3 +99,48 @@ class Transfers:
         if self.cuda or id(host) in self._lent:
             self._lent.discard(id(host))
             self.pool.give(host, after=after)
+
+
+class StagingSink:
+    """``gcache.kv.KVSink`` for one load: one host buffer per layer for the span the load
+    asks of it (every page of a full layer, the window tail of a sliding one)."""
+
+    def __init__(self, transfers: Transfers, bytes_per_token: Callable[[int], int],
+                 span_of: Callable[[int], tuple[int, int]]) -> None:
+        self.transfers, self.bytes_per_token, self.span_of = transfers, bytes_per_token, span_of
+        self.spans: dict[int, tuple[int, int, Any]] = {}   # layer -> (start, stop, host bytes)
+        self.copied: dict[int, Any] = {}                   # layer -> event of its copy to device
+        self.reported = False                              # take_load_errors has seen it
+
+    def write_target(self, layer: int, start: int, stop: int):
+        if layer not in self.spans:
+            first, last = self.span_of(layer)
+            self.spans[layer] = (first, last, self.transfers.host_buffer(
+                (last - first) * self.bytes_per_token(layer)))
+        first, last, host = self.spans[layer]
+        if not first <= start <= stop <= last:
+            raise ValueError(f"layer {layer}: tokens [{start}, {stop}) are outside the staged "
+                             f"span [{first}, {last})")
+        bpt = self.bytes_per_token(layer)
+        return host[(start - first) * bpt:(stop - first) * bpt]
+
+    def release(self) -> None:
+        """Give the host buffers back, each once its copy to the device is done."""
+        for layer, (_, _, host) in self.spans.items():
+            self.transfers.release(host, self.copied.get(layer, DONE))
+        self.spans, self.copied = {}, {}
+
+
+class GatheredSource:
+    """``gcache.kv.KVSource`` over one layer's gathered tokens ``[first, n)`` in host bytes;
+    earlier tokens (out of a sliding window) are not held, which ``KVStore.save`` takes as
+    "skip that tail"."""
+
+    def __init__(self, layout: Any, host: Any, first: int) -> None:
+        self.layout, self.first, self.flat = layout, first, host
+
+    def read(self, layer: int, start: int, stop: int):
+        if start < self.first:
+            return None
+        bpt = self.layout.layer_bytes_per_token(layer)
+        return self.flat[(start - self.first) * bpt:(stop - self.first) * bpt]

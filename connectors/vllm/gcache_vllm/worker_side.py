@@ -41,7 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 from gcache.kv import load_phases
 from gcache_vllm.paged import NULL_BLOCK, PagedLayer
-from gcache_vllm.staging import DEFAULT_PINNED_BYTES, DONE, Transfers
+from gcache_vllm.staging import (
+    DEFAULT_PINNED_BYTES,
+    GatheredSource,
+    StagingSink,
+    Transfers,
+)
 
 if TYPE_CHECKING:                        # metadata subclasses vLLM's; this module runs without
     from gcache_vllm.metadata import GCacheConnectorMetadata, LoadSpec, SaveSpec
@@ -51,51 +56,6 @@ IDLE_WAIT_S = 0.01       # an empty step waits this long at most for an asynchro
 # Under vLLM's own logger (``_compat.get_logger``), without importing vLLM here: this module
 # runs on GPU hosts' check machines that have torch but no vLLM.
 log = logging.getLogger(f"vllm.{__name__}")
-
-
-class StagingSink:
-    """``gcache.kv.KVSink`` for one load: one host buffer per layer for the span the load
-    asks of it (every page of a full layer, the window tail of a sliding one)."""
-
-    def __init__(self, transfers: Transfers, bytes_per_token: Callable[[int], int],
-                 span_of: Callable[[int], tuple[int, int]]) -> None:
-        self.transfers, self.bytes_per_token, self.span_of = transfers, bytes_per_token, span_of
-        self.spans: dict[int, tuple[int, int, Any]] = {}   # layer -> (start, stop, host bytes)
-        self.copied: dict[int, Any] = {}                   # layer -> event of its copy to device
-        self.reported = False                              # take_load_errors has seen it
-
-    def write_target(self, layer: int, start: int, stop: int):
-        if layer not in self.spans:
-            first, last = self.span_of(layer)
-            self.spans[layer] = (first, last, self.transfers.host_buffer(
-                (last - first) * self.bytes_per_token(layer)))
-        first, last, host = self.spans[layer]
-        if not first <= start <= stop <= last:
-            raise ValueError(f"layer {layer}: tokens [{start}, {stop}) are outside the staged "
-                             f"span [{first}, {last})")
-        bpt = self.bytes_per_token(layer)
-        return host[(start - first) * bpt:(stop - first) * bpt]
-
-    def release(self) -> None:
-        """Give the host buffers back, each once its copy to the device is done."""
-        for layer, (_, _, host) in self.spans.items():
-            self.transfers.release(host, self.copied.get(layer, DONE))
-        self.spans, self.copied = {}, {}
-
-
-class _GatheredSource:
-    """``gcache.kv.KVSource`` over one layer's gathered tokens ``[first, n)`` in host bytes;
-    earlier tokens (out of a sliding window) are not held, which ``KVStore.save`` takes as
-    "skip that tail"."""
-
-    def __init__(self, layout: Any, host: Any, first: int) -> None:
-        self.layout, self.first, self.flat = layout, first, host
-
-    def read(self, layer: int, start: int, stop: int):
-        if start < self.first:
-            return None
-        bpt = self.layout.layer_bytes_per_token(layer)
-        return self.flat[(start - self.first) * bpt:(stop - self.first) * bpt]
 
 
 class WorkerSide:
@@ -385,7 +345,7 @@ class WorkerSide:
         plan = self._plans.get(key)
         if plan is None:                        # one plan for every layer of this save
             plan = self._plans[key] = self.store.plan_save(spec.token_ids)
-        source = _GatheredSource(self.layout, host, first)
+        source = GatheredSource(self.layout, host, first)
         started = time.perf_counter()
         result = self.store.save(spec.token_ids, source, plan=plan, layers=[index])
         self._sample("save_s", time.perf_counter() - started)

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from gcache_vllm.paged import PagedLayer
-from gcache_vllm.staging import DONE, Transfers
-from gcache_vllm.worker_side import StagingSink
+from gcache_vllm.staging import DONE, StagingSink, Transfers
 
 BLOCKS, PAGE, HEADS, HD = 9, 4, 3, 5
 
