@@ -15,7 +15,7 @@ sliding-window groups hand over null block 0 outside the window, which is skippe
 is the sliding one is read from the KV cache config, never assumed.
 
 Loads are synchronous (layer by layer within the forward pass) for short same-host hits
-(``gcache_async_load_tokens``, default 2048; 0 makes every hit asynchronous) of models with one
+(``gcache_async_load_tokens``, default 16384; 0 makes every hit asynchronous) of models with one
 KV cache group, and asynchronous otherwise: with several groups (hybrid models) vLLM can take a
 failed load back only for a request it parked (``failed_recving``), not as block ids. A finished
 request's prompt and answer are saved before vLLM frees its blocks, so the next turn of a
