@@ -6,6 +6,8 @@ import pytest
 
 from gcache.cli.local_cluster import LocalCluster
 
+from .engine import Engine
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -22,3 +24,27 @@ def leaves_dev_shm_as_found():
     before = shm.names()
     yield
     shm.assert_left_nothing(before)
+
+
+@pytest.fixture
+def gcache(tmp_path):
+    """A two-server cluster of the engine tests' own (each test a fresh one)."""
+    with LocalCluster(2, memory="256MiB", server_args=("--segment-size", "4MiB"),
+                      log_dir=str(tmp_path / "gcache")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def engines(tmp_path):
+    """Starts SGLang engines (``Engine``'s arguments), ready; stops them after the test."""
+    started: list[Engine] = []
+
+    def start(*args, **kwargs) -> Engine:
+        engine = Engine(*args, log_dir=tmp_path, **kwargs)
+        started.append(engine)
+        engine.wait_ready()
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()

@@ -32,28 +32,6 @@ def model(tmp_path_factory):
     return path, ids, hf_greedy(path, ids, NEW_TOKENS)
 
 
-@pytest.fixture
-def gcache(tmp_path):
-    with LocalCluster(2, memory="256MiB", server_args=("--segment-size", "4MiB"),
-                      log_dir=str(tmp_path / "gcache")) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def engines(tmp_path):
-    started: list[Engine] = []
-
-    def start(*args, **kwargs) -> Engine:
-        engine = Engine(*args, log_dir=tmp_path, **kwargs)
-        started.append(engine)
-        engine.wait_ready()
-        return engine
-
-    yield start
-    for engine in started:
-        engine.stop()
-
-
 def stored_objects(cluster: LocalCluster) -> int:
     """Objects the cluster holds. A STAT that misses (the two cores also run engines, and the
     default 200 ms IO timeout is an engine's, not a test's) counts as not there yet."""

@@ -38,28 +38,6 @@ def linker_config(cluster: LocalCluster, module: str = "gcache_sglang.linker",
                                     "gcache_timeout_ms": 2000}}
 
 
-@pytest.fixture
-def gcache(tmp_path):
-    with LocalCluster(2, memory="256MiB", server_args=("--segment-size", "4MiB"),
-                      log_dir=str(tmp_path / "gcache")) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def engines(tmp_path):
-    started: list[Engine] = []
-
-    def start(*args, **kwargs) -> Engine:
-        engine = Engine(*args, log_dir=tmp_path, **kwargs)
-        started.append(engine)
-        engine.wait_ready()
-        return engine
-
-    yield start
-    for engine in started:
-        engine.stop()
-
-
 def stored_objects(cluster: LocalCluster) -> int:
     with Client(cluster.addresses, timeout_s=5.0) as client:
         return sum(s["tier"]["objects"] for s in client.server_stats().values() if s)
