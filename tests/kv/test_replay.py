@@ -16,7 +16,7 @@ from gcache.kv.replay import format_table, prepare, replay_model
 from gcache.kv.trace import BLOCK_SIZE, read_trace, request_tokens
 
 TRACE = str(pathlib.Path(__file__).resolve().parents[2] / "data/traces/conversation_trace.jsonl")
-BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+TARGET_BUDGETS = (0.02, 0.1, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,13 @@ def test_trace_tokens_are_deterministic_per_block():
 # eviction rule at every step): the suite's 120 s default would fail it beside a busy core.
 @pytest.mark.timeout(300)
 def test_default_policy_meets_the_targets_on_the_conversation_trace(mimo_pro):
-    rows = replay_model(prepare(read_trace(TRACE), mimo_pro), budgets=BUDGETS)
+    # three budgets of the six make replay prints (each replay of the whole trace costs about
+    # 15 s of make test): the smallest, one in the middle and the whole working set
+    rows = replay_model(prepare(read_trace(TRACE), mimo_pro), budgets=TARGET_BUDGETS)
     hit = {(r.policy, r.budget_fraction): r.hit_rate for r in rows}
     default = next(r.policy for r in rows if r.is_default)
     assert hit[(default, 0.02)] >= 4 * hit[("full-layer", 0.02)]
-    for budget in BUDGETS:
+    for budget in TARGET_BUDGETS:
         best = max(v for (p, b), v in hit.items() if b == budget and p != "full-layer")
         assert hit[(default, budget)] >= hit[("full-layer", budget)], budget
         assert hit[(default, budget)] >= 0.97 * best, budget
