@@ -1,12 +1,12 @@
 """Batch exchanges: one request per server, servers in parallel, copies in parallel.
 
 Each batch runs the three phases of ``gcache.sdk.exchange`` on the IO threads while the caller
-waits: per server, ``start_*`` on a link that is then held; one copy job per ``Extent`` it
-returned, so two IO threads move two values at once (a copy runs in numpy, or NIXL polls, with
-the GIL released); per server, on the held link, ``end_*``. Over TCP the first phase moves the
-values and the batch ends there. Holding the link across phases matters: a server drops what a
-connection leases or allocates when that connection closes, and the pool may close surplus idle
-links.
+waits: per server, ``start_*`` on a link that is then held; the ``Extent``s it returned copied
+in jobs of a few MiB, so two IO threads move two jobs at once (a copy runs in numpy, or NIXL
+polls, with the GIL released); per server, on the held link, ``end_*``. Over TCP the first
+phase moves the values and the batch ends there. Holding the link across phases matters: a
+server drops what a connection leases or allocates when that connection closes, and the pool may
+close surplus idle links.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from gcache.transport.pinned import PoolExhausted
 
 log = logging.getLogger(__name__)
 
-COPY_JOB_BYTES = 4 << 20         # a batch read's copies run on the IO threads in jobs this big
+COPY_JOB_BYTES = 4 << 20         # a batch's copies run on the IO threads in jobs this big
 PUT_CHUNK_KEYS = 256      # keys a batch put allocates, copies and commits at a time
 RETRY_CHUNK_MIN = 8       # a chunk this small whose windows pass is not tried again
 
@@ -115,13 +115,14 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[BufferLike], group
                                    for a, idx in d.plan(keys, group, one_group_each=True)])
             if h is not None]
     notices = {id(link): _Notices(d, link) for link, _, _ in held}
-    copies = [(link, i, extent) for link, idx, items in held
+    copies = [(link, i, extent, values[i]) for link, idx, items in held
               for i, extent in zip(idx, items) if isinstance(extent, Extent)]
     retry = chunk > RETRY_CHUNK_MIN
-    digests = d.parallel([partial(_copy_in, d, link, e, values[i], retry, notices[id(link)].of(e))
-                          for link, i, e in copies])
-    late = [i for (_, i, _), digest in zip(copies, digests) if digest is LATE]
-    digest_of = {i: digest for (_, i, _), digest in zip(copies, digests)}   # i: key index
+    digests = [digest for job in d.parallel([partial(_copy_in_job, d, job, retry, notices)
+                                             for job in _copy_jobs(copies)])
+               for digest in job]
+    late = [i for (_, i, _, _), digest in zip(copies, digests) if digest is LATE]
+    digest_of = {i: digest for (_, i, _, _), digest in zip(copies, digests)}   # i: key index
 
     def commit(link: Link, idx: list[int], items: Sequence[WriteItem | Miss]) -> None:
         # A value whose copy failed is not committed: the server drops its extent at the TTL.
@@ -171,6 +172,12 @@ class _Notices:
         return landed
 
 
+def _copy_in_job(d: Dispatcher, job: list[tuple[Link, int, Extent, BufferLike]], retry: bool,
+                 notices: dict[int, _Notices]) -> list[int | Late | None]:
+    return [_copy_in(d, link, extent, value, retry, notices[id(link)].of(extent))
+            for link, _, extent, value in job]
+
+
 def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: BufferLike, retry: bool,
              landed: Callable[[int, int], None]) -> int | Late | None:
     """One value's copy into the arena; None (counted as a miss) when it failed, ``LATE``
@@ -191,9 +198,9 @@ def _copy_in(d: Dispatcher, link: Link, extent: Extent, value: BufferLike, retry
 def _copy_jobs(copies: list[tuple[Link, int, Extent, BufferLike]],
                ) -> list[list[tuple[Link, int, Extent, BufferLike]]]:
     """The copies cut into IO-thread jobs of about ``COPY_JOB_BYTES`` each, one link's a job:
-    a job per value cost a submit, a future and a thread switch for each of a load's pages,
-    more than copying a 256 KiB page takes; jobs of a few MiB still spread a large batch over
-    the IO threads."""
+    a job per value cost a submit, a future and a thread switch for each of a load's (or a
+    save's) pages, more than copying a 256 KiB page takes; jobs of a few MiB still spread a
+    large batch over the IO threads."""
     jobs: list[list[tuple[Link, int, Extent, BufferLike]]] = []
     size = 0
     for copy in copies:
