@@ -182,7 +182,9 @@ def test_fewer_replicas_pushed_later_leave_no_stale_name(files, cluster):
 
 def test_a_file_read_twice_on_one_host_comes_the_second_time_from_its_own_server(files,
                                                                                   cluster):
-    data = np.random.default_rng(6).integers(0, 256, 12 * CHUNK + 3, np.uint8).tobytes()
+    # 24 chunks: where they land follows the ring (the servers' ports), and with 12 none was
+    # on this host's server about once in 130 runs ((2/3)**12)
+    data = np.random.default_rng(6).integers(0, 256, 24 * CHUNK + 3, np.uint8).tobytes()
     manifest = files.put_file("hot", data)
     local = host_cache_client(files.client)
     assert local is not None            # loopback servers are all on this host: the first
@@ -190,7 +192,7 @@ def test_a_file_read_twice_on_one_host_comes_the_second_time_from_its_own_server
         host = local.stats()["servers"][0]
         cached = FileStore(files.client, chunk_size=CHUNK, host_cache=local)
         foreign = [d for d in manifest.chunks if files.client.owner(chunk_key(d)) != host]
-        assert 0 < len(foreign) < len(manifest.chunks)
+        assert 0 < len(foreign) < len(manifest.chunks), (host, len(foreign))
         first = bytearray(len(data))
         cached.get_file(manifest, first)
         assert bytes(first) == data
@@ -295,7 +297,11 @@ def test_kv_churn_that_fills_the_arena_does_not_evict_a_pinned_file(files, clust
         assert all(files.client.batch_put(keys, [value] * 16))
     stats = files.client.server_stats().values()
     assert all(s["tier"]["evicted_segments"] >= 16 for s in stats)   # every arena turned over
-    assert not any(files.client.batch_exists([f"kv/1/{i}" for i in range(16)]))
+    # the segment a server was filling when the file's last part came stays with that part,
+    # and the KV values after it in that segment with it (pinned spans are whole); which values
+    # those are depends on the ring (the servers' ports), so the early batch asked about is
+    # three batches on (about 16 values a server), past any segment a part shares
+    assert not any(files.client.batch_exists([f"kv/3/{i}" for i in range(16)]))
     out = bytearray(len(data))
     files.get_file("weights", out)
     assert bytes(out) == data
