@@ -83,15 +83,22 @@ class Server:
                          "linker_extra_config": gcache})]
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "SGLANG_PLUGINS": "cpu_testshim"}
         self.url = f"http://127.0.0.1:{port}"
+        sys.path.insert(0, str(ROOT / "connectors"))
+        from engine_testing.shm import GroupFiles, names
         self._log = open(log, "wb")
+        before = names()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        # its /dev/shm files (load snapshots, multiprocessing's semaphores) outlive an engine
+        # ended by a signal: ``stop`` removes those its process group used
+        self.files = GroupFiles(self.proc.pid, before)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sglang exited ({log})")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2):
+                    self.files.collect()
                     return
             except OSError:
                 time.sleep(1.0)
@@ -119,6 +126,7 @@ class Server:
         raise RuntimeError("flush_cache refused")
 
     def stop(self) -> None:
+        self.files.collect()
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=60)
@@ -126,6 +134,7 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
         self._log.close()
+        self.files.remove()
 
 
 def bench_model(kind: str, lengths: list[int], repeats: int, work: pathlib.Path,
