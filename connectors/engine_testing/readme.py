@@ -14,6 +14,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engine_testing.shm import GroupFiles, names
 
 
 def readme_block(readme: pathlib.Path, name: str) -> str:
@@ -104,3 +108,31 @@ def remove_server_files(port: int) -> None:
             os.unlink(leftover)
         except FileNotFoundError:
             pass
+
+
+@contextmanager
+def recipe_running(readme: pathlib.Path, gcache_block: str, engine_block: str, *, port: int,
+                   url: str, model: pathlib.Path, logs: pathlib.Path) -> Iterator[Shell]:
+    """A README's recipe as printed: block ``gcache_block`` (a gcache-server on ``port``), then
+    ``engine_block`` with ``MODEL`` set, until the engine answers at ``url``; yields the
+    engine's shell. On the way out the engine is stopped and the /dev/shm files its process
+    group used removed (an engine ended by a signal leaves its shared memory and semaphores),
+    then the server and what it leaves by design."""
+    server = Shell(readme_block(readme, gcache_block), logs / "gcache.log", env=activated())
+    try:
+        server.wait_for("gcache-server ready", 60)
+        before = names()
+        engine = Shell(readme_block(readme, engine_block), logs / f"{engine_block}.log",
+                       env={**activated(), "MODEL": str(model)})
+        files = GroupFiles(engine.proc.pid, before)
+        try:
+            wait_healthy(url, engine)
+            files.collect()
+            yield engine
+        finally:
+            files.collect()
+            engine.stop()
+            files.remove()
+    finally:
+        server.stop()
+        remove_server_files(port)

@@ -13,15 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from engine_testing.readme import (
-    Shell,
-    activated,
-    readme_block,
-    remove_server_files,
-    stored_objects,
-    wait_healthy,
-)
-from engine_testing.shm import GroupFiles, names
+from engine_testing.readme import readme_block, recipe_running, stored_objects
 from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -44,37 +36,20 @@ def test_the_linker_recipe_runs_as_printed(tmp_path):
     pages = len(ids) // PAGE
     generate = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8,
                                                       "ignore_eos": True}}
-    server = Shell(readme_block(README, "linker-cpu-gcache"), tmp_path / "gcache.log",
-                   env=activated())
-    try:
-        server.wait_for("gcache-server ready", 60)
-        before = names()
-        engine = Shell(readme_block(README, "linker-cpu-sglang"), tmp_path / "sglang.log",
-                       env={**activated(), "MODEL": str(model)})
-        files = GroupFiles(engine.proc.pid, before)
-        try:
-            wait_healthy(URL, engine)
-            files.collect()
-            assert json.loads(post("/generate", generate))["output_ids"] == reference
-            deadline = time.monotonic() + 30            # the linker offloads after the insert
-            while stored_objects(GCACHE) < 2 * 2 * pages and time.monotonic() < deadline:
-                time.sleep(0.3)
-            assert stored_objects(GCACHE) >= 2 * 2 * pages, engine.log()   # K, V of 2 layers
-            deadline = time.monotonic() + 30
-            while b"Cache flushed" not in post("/flush_cache", {}):
-                assert time.monotonic() < deadline, engine.log()
-                time.sleep(0.5)                         # refused while offloads are in flight
-            again = json.loads(post("/generate", generate))
-            assert again["meta_info"]["cached_tokens_details"] == {"device": 0,
-                                                                   "host": pages * PAGE}
-            assert again["output_ids"] == reference
-        finally:
-            files.collect()
-            engine.stop()
-            files.remove()
-    finally:
-        server.stop()
-        remove_server_files(7711)
+    with recipe_running(README, "linker-cpu-gcache", "linker-cpu-sglang", port=7711, url=URL,
+                        model=model, logs=tmp_path) as engine:
+        assert json.loads(post("/generate", generate))["output_ids"] == reference
+        deadline = time.monotonic() + 30                # the linker offloads after the insert
+        while stored_objects(GCACHE) < 2 * 2 * pages and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert stored_objects(GCACHE) >= 2 * 2 * pages, engine.log()   # K, V of 2 layers
+        deadline = time.monotonic() + 30
+        while b"Cache flushed" not in post("/flush_cache", {}):
+            assert time.monotonic() < deadline, engine.log()
+            time.sleep(0.5)                             # refused while offloads are in flight
+        again = json.loads(post("/generate", generate))
+        assert again["meta_info"]["cached_tokens_details"] == {"device": 0, "host": pages * PAGE}
+        assert again["output_ids"] == reference
 
 
 def test_the_gpu_command_parses_as_sglang_reads_it():
