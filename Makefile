@@ -37,12 +37,13 @@ run: $(STAMP)
 # The four environments install side by side (mostly downloads and unpacking) and each suite
 # starts as soon as its environment is there, in two lanes on the two cores: the core suite,
 # the C SDK's, vLLM's interface suite, the core fault suite, then vLLM's router tests; vLLM's
-# engine suite, then SGLang's. Beside each other on 2026-12-07 the suites took: core 18 min,
-# vLLM engines 17 (of which the router tests 2), SGLang 12.5 (10.5 since), fault 4, vLLM
-# interface 1.6, C SDK 0.6, after 7.5 min of installs and lint: each lane about 32 minutes.
-# Every suite is printed whole when it ends. (Splitting the core suite over both lanes ran it
-# beside three installs and held the engine suite back behind it: longer, and sub-second lease
-# windows ran out.)
+# engine suite, then SGLang's. In two clean-clone runs on 2026-12-07 (2b82602, 6350076) the
+# suites took: core 15-17 min, vLLM engines 12-14, SGLang 13-15, fault 4-4.5, vLLM's router
+# tests 2.5-3, vLLM interface 1.7-2, C SDK 0.5, after about 7.5 min of installs and lint; the
+# whole run 32 and 37 minutes (over the 30-minute budget). Every suite is
+# printed whole when it ends. (Splitting the core suite over both lanes ran it beside three
+# installs and held the engine suite back behind it: longer, and sub-second lease windows ran
+# out.)
 test:
 	$(MAKE) --no-print-directory -j4 -O LANES=1 lint test-core test-c test-sglang \
 	  test-vllm-engine test-vllm-interface test-fault test-vllm-router
