@@ -10,6 +10,7 @@ the administrator and no server asks anybody to prove anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -46,8 +47,8 @@ class TenantRpcs:
     group: RaftGroup
     secured: bool
 
-    def _submit(self, context: grpc.ServicerContext, command: Command) -> Applied | Refused:
-        raise NotImplementedError            # MasterService's
+    # MasterService's: submits a command to the Raft group and waits for its outcome
+    _submit: Callable[[grpc.ServicerContext, Command], Applied | Refused]
 
     @timed
     def AddTenant(self, request: pb.AddTenantRequest,
