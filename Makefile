@@ -68,11 +68,10 @@ system-tools:
 # /dev/shm one suite's check met the other lane's engine files and arenas in the middle of
 # their lives. Elsewhere (no privilege to mount) the suites share the machine's /dev/shm and
 # the checks fall back on telling files in use from files left behind.
-OWN_SHM := $(shell unshare -m --propagation private sh -c \
-	'mount -t tmpfs gcache-shm /dev/shm' >/dev/null 2>&1 && echo yes)
-ifeq ($(OWN_SHM),yes)
-SUITE := unshare -m --propagation private sh -c \
+OWN_SHM = unshare -m --propagation private sh -c \
 	'mount -t tmpfs -o mode=1777,size=100% gcache-shm /dev/shm && exec env "$$@"' suite
+ifeq ($(shell $(OWN_SHM) true >/dev/null 2>&1 && echo yes),yes)
+SUITE := $(OWN_SHM)
 endif
 
 test-core: $(STAMP) system-tools
