@@ -35,7 +35,9 @@ from gcache.record_layout import SPAN_HEADER_BYTES, record_size, value_offset
 from gcache.server import record
 from gcache.server.arena import Arena
 from gcache.server.index import Index
+from gcache.server.keep import Keep
 from gcache.server.span_header import read_span_header, read_span_header_v2, write_span_header
+from gcache.server.tenant_keys import owner_of
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,23 @@ def scan(arena: Arena, index: Index) -> Recovered:
     out.objects = len(index)
     index.value_bytes = record.sum_lengths(view, index.records())
     return out
+
+
+def restore(arena: Arena, index: Index, keep: Keep) -> Recovered:
+    """``scan``, then the arena takes the spans found, each span its owner (from a key it
+    holds: a span has one) and ``keep`` the kept values; logs what was found."""
+    found = scan(arena, index)
+    arena.restore(found.spans, found.max_seq)
+    for start, *_ in found.spans:
+        live = index.find_span(arena.segments[start])
+        if live:
+            arena.set_owner(arena.segments[start], owner_of(record.key_of(arena.view, live[0])))
+    for offset in found.pinned:
+        keep.keep(record.key_of(arena.view, offset), offset, arena.segment_of(offset))
+    log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d "
+             "migrated=%d", found.objects, len(found.spans), found.dropped_corrupt,
+             found.dropped_headers, found.dropped_pending, found.migrated)
+    return found
 
 
 def _walk(arena: Arena, head: int, span: int, claim_seq: int, index: Index,

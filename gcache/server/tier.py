@@ -3,43 +3,37 @@
 Invariants (all under ``_lock``; value bytes are copied outside it, protected by holds):
 - A key is in the index only after COMMIT checked its xxh3_64 checksum; a write that fails,
   is abandoned or mismatches is never visible.
-- Every lease and every pending write holds its span (``Segment.pins``) until RELEASE / COMMIT
-  / abort, or until ``reap_expired`` once ``lease_ttl_s`` has passed, so a dead client cannot
-  hold memory for longer than that. A pending write whose bytes are being received when its TTL
-  passes is not dropped under the receive (the bytes would land in reused memory): it is marked
-  expired, refuses further writes and its COMMIT, and is dropped when that receive ends, which
-  the connection's transfer deadline bounds. Holds the server takes for its own single-frame
-  transfers (GET, PUT, batches) do not expire: the handler gives them back, and a stalled peer
-  is cut off by the connection's transfer deadline.
+- Every lease and every pending write holds its span until it is given back or its TTL passes
+  (``holds.Holds``, which has the rules), so a dead client cannot hold memory for longer.
 - Replacing or deleting a key leaves the old record's bytes in place until its span is
   reclaimed, so a reader holding a lease on the old value still reads intact bytes.
 
 Collaborators, each under the same lock: ``Index`` (key -> record), ``Reclaim`` (claims that
 evict, second chances, the demoter's side), ``Keep`` (kept values: a file's parts, put with
 ``FLAG_PINNED``, and their budget), ``Reachability`` (the sweep that counts values whose prefix is
-gone). Leases and writes are handed out as ``handles.HotLease`` / ``HotWrite``.
+gone), ``Holds`` (leases and writes in flight, by handle). Leases and writes are handed out as
+``handles.HotLease`` / ``HotWrite``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from gcache.errors import ChecksumMismatch, InvalidRequest, NoSpace
-from gcache.keys import Hasher, checksum, checksum_stream
+from gcache.keys import Hasher, checksum
 from gcache.record_layout import record_size, value_offset
 from gcache.server import record
 from gcache.server.arena import ARENA_DIR, Arena, Segment
-from gcache.server.handles import Hold, HotLease, HotWrite
+from gcache.server.handles import HotLease, HotWrite
+from gcache.server.holds import Holds
 from gcache.server.index import Index
 from gcache.server.keep import Keep
 from gcache.server.reachability import Reachability
 from gcache.server.reclaim import ALLOC_WAIT_S, Laggards, Quotas, Reclaim
-from gcache.server.recovery import scan
+from gcache.server.recovery import restore
 from gcache.server.tenant_keys import owner_of
 from gcache.server.tier_counters import TierCounters
 from gcache.server.tier_protocol import Copied, Entry, Stored
@@ -66,29 +60,16 @@ class HotTier:
         self.reclaim = Reclaim(self.arena, self.index, self.counters, self.space,
                                cold_backed=cold_backed, laggards=laggards, quotas=quotas)
         self.reach = Reachability(self.arena, self.index, self.space)
-        self._holds: dict[int, Hold] = {}
-        self._handles = itertools.count(1)
-        self.lease_ttl_s = lease_ttl_s
+        self.holds = Holds(lease_ttl_s, self.counters, unpin=self.reclaim.unpin,
+                           uncount_kept=self._uncount_kept)
         if self.arena.attached:
             self._recover()
 
     def _recover(self) -> None:
-        found = scan(self.arena, self.index)
-        self.arena.restore(found.spans, found.max_seq)
+        found = restore(self.arena, self.index, self.keep)
         self.counters.recovered_objects = found.objects
         self.reach.parents_seen = found.parents
         self.counters.checksum_failures += found.dropped_corrupt + found.dropped_headers
-        for start, *_ in found.spans:          # a span's owner, from a key it holds
-            live = self.index.find_span(self.arena.segments[start])
-            if live:
-                self.arena.set_owner(self.arena.segments[start],
-                                     owner_of(record.key_of(self.arena.view, live[0])))
-        for offset in found.pinned:
-            self.keep.keep(record.key_of(self.arena.view, offset), offset,
-                           self.arena.segment_of(offset))
-        log.info("tier.recovered objects=%d spans=%d corrupt=%d bad_headers=%d uncommitted=%d "
-                 "migrated=%d", found.objects, len(found.spans), found.dropped_corrupt,
-                 found.dropped_headers, found.dropped_pending, found.migrated)
 
     # ---- writes -----------------------------------------------------------------------------
 
@@ -111,9 +92,7 @@ class HotTier:
             record.write(self.arena.view, offset, self.arena.secret, state=record.STATE_PENDING,
                          key=key, length=length, checksum=0, seq=self.arena.next_record_seq(),
                          group=group, pinned=pinned, parent=parent)
-            handle = self._hold(entry, pending=True, expires=expires)
-            self._holds[handle].hasher = checksum_stream()
-            return HotWrite(self, handle, entry)
+            return HotWrite(self, self.holds.add(entry, pending=True, expires=expires), entry)
 
     def write_target(self, handle: int, offset: int,
                      n_bytes: int) -> tuple[memoryview, Hasher | None]:
@@ -121,9 +100,7 @@ class HotTier:
         receiving into it when this write continues the in-order stream (else None; COMMIT then
         hashes the whole value). Call ``write_done`` after. Raises InvalidRequest."""
         with self._lock:
-            hold = self._holds.get(handle)
-            if hold is None or not hold.pending or hold.expired:
-                raise InvalidRequest(f"handle {handle} is not a write in flight")
+            hold = self.holds.write(handle)
             entry = hold.entry
             if offset < 0 or n_bytes < 0 or offset + n_bytes > entry.length:
                 raise InvalidRequest(f"write of {n_bytes} bytes at offset {offset} overruns the "
@@ -140,16 +117,7 @@ class HotTier:
         """End a ``write_target``; False when the write's TTL passed meanwhile (it is dropped
         now, and the bytes just received count for nothing)."""
         with self._lock:
-            hold = self._holds.get(handle)
-            if hold is None:
-                return False
-            hold.hashing = False
-            hold.writers -= 1
-            if not hold.expired:
-                return True
-            if self._drop_hold(handle, hold):
-                self.counters.expired_pins += 1
-            return False
+            return self.holds.received(handle)
 
     def commit(self, handle: int, expected: int, *, if_absent: bool = False,
                unless: Callable[[], bool] | None = None) -> bool:
@@ -159,11 +127,7 @@ class HotTier:
         deleted while its promotion read the disk). Raises InvalidRequest for an unknown
         handle, ChecksumMismatch (the write is dropped)."""
         with self._lock:
-            hold = self._holds.pop(handle, None)
-            if hold is None or not hold.pending or hold.expired or hold.writers:
-                if hold is not None:
-                    self._holds[handle] = hold
-                raise InvalidRequest(f"handle {handle} is not a write in flight")
+            hold = self.holds.take_write(handle)
         entry = hold.entry
         streamed = hold.hasher is not None and hold.hashed == entry.length and not hold.hashing
         if hold.hasher is not None and streamed:
@@ -247,9 +211,7 @@ class HotTier:
     def abort(self, handle: int) -> None:
         """Drop a pending write (its bytes stay unreachable until the span is reclaimed)."""
         with self._lock:
-            hold = self._holds.get(handle)
-            if hold is not None and hold.pending:
-                self._drop_hold(handle, hold)
+            self.holds.abort(handle)
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -265,7 +227,7 @@ class HotTier:
                 self.counters.hits += 1
                 record.mark_read(self.arena.view, offset)
             entry = self._entry_at(offset)
-            return HotLease(self, self._hold(entry, pending=False, expires=expires), entry)
+            return HotLease(self, self.holds.add(entry, pending=False, expires=expires), entry)
 
     def read_many(self, keys: Sequence[bytes], *, budget_bytes: int,
                   absent_left: bool = False) -> tuple[list[Copied | None], list[int]]:
@@ -303,10 +265,7 @@ class HotTier:
         is held). Raises InvalidRequest for a lease that is over, or a range outside the value
         (the slice would show another record's bytes)."""
         with self._lock:
-            hold = self._holds.get(handle)
-            if hold is None or hold.pending:
-                raise InvalidRequest(f"handle {handle} is not a read lease")
-        entry = hold.entry
+            entry = self.holds.lease(handle).entry
         if offset < 0 or length < 0 or offset + length > entry.length:
             raise InvalidRequest(f"read of {length} bytes at offset {offset} overruns the "
                                  f"{entry.length}-byte value")
@@ -314,12 +273,7 @@ class HotTier:
 
     def release(self, handle: int) -> bool:
         with self._lock:
-            hold = self._holds.get(handle)
-            if hold is None or hold.pending:
-                return False
-            del self._holds[handle]
-            self.reclaim.unpin(hold.entry.head)
-            return True
+            return self.holds.release(handle)
 
     def exists(self, key: bytes) -> bool:
         with self._lock:
@@ -374,14 +328,8 @@ class HotTier:
 
     def reap_expired(self, now_s: float | None = None) -> int:
         """Drop holds whose TTL passed; returns how many."""
-        now_s = time.monotonic() if now_s is None else now_s
         with self._lock:
-            expired = [h for h, hold in self._holds.items()
-                       if hold.expires_s <= now_s and not hold.expired]
-            for handle in expired:
-                if self._drop_hold(handle, self._holds[handle]):
-                    self.counters.expired_pins += 1
-        return len(expired)
+            return self.holds.reap(time.monotonic() if now_s is None else now_s)
 
     def sweep_unreachable(self, on_disk: Callable[[bytes], bool] | None = None) -> None:
         self.reach.sweep(on_disk)
@@ -399,7 +347,7 @@ class HotTier:
         with self._lock:
             out = {"objects": len(self.index), "bytes": self.index.value_bytes,
                    "capacity_bytes": self.arena.size_bytes, "used_bytes": self.arena.used_bytes,
-                   "segments": len(self.arena.segments), "pins": len(self._holds),
+                   "segments": len(self.arena.segments), "pins": len(self.holds),
                    "pinned_objects": len(self.keep), "pinned_bytes": self.keep.held_bytes,
                    "pin_budget_bytes": self.keep.budget_bytes,
                    "young_spans_reclaimed": self.reclaim.young_reclaims}
@@ -423,25 +371,6 @@ class HotTier:
         self.arena.close(unlink=unlink)
 
     # ---- under the lock ---------------------------------------------------------------------
-
-    def _hold(self, entry: Entry, *, pending: bool, expires: bool = True) -> int:
-        handle = next(self._handles)
-        entry.head.pins += 1
-        deadline = time.monotonic() + self.lease_ttl_s if expires else math.inf
-        self._holds[handle] = Hold(entry, deadline, pending)
-        return handle
-
-    def _drop_hold(self, handle: int, hold: Hold) -> bool:
-        """Let go of ``handle`` now (True), or, while a receive is writing into its extent,
-        mark it expired for ``write_done`` to drop when the receive ends (False)."""
-        if hold.writers:
-            hold.expired = True
-            return False
-        del self._holds[handle]
-        self.reclaim.unpin(hold.entry.head)
-        if hold.pending and hold.entry.pinned:
-            self._uncount_kept(hold.entry.head)
-        return True
 
     def _drop_kept(self, key: bytes) -> None:
         if self.keep.drop(key):
