@@ -149,13 +149,13 @@ def bench_model(kind: str, lengths: list[int], repeats: int, work: pathlib.Path,
 
 
 def sdk_get_into(servers: list[str], transport: str, n_bytes: int, *, layers: int,
-                 repeats: int = 5) -> float:
+                 repeats: int = 5, size: int = BLOCK * 2 * 4 * 64 * 4) -> float:
     """The limit a load is held to: the SDK's ``batch_get_into`` of ``n_bytes`` in the objects a
-    load reads (one per page and layer: ``BLOCK`` tokens of one layer's K and V, float32), one
-    batch per layer as ``gcache.kv`` issues them, over the same transport to the same servers,
-    into buffers allocated once; the median of ``repeats`` seconds."""
+    load reads (``size`` bytes each; by default vLLM's, one per block and layer: ``BLOCK`` tokens
+    of one layer's K and V, float32), one batch per layer as ``gcache.kv`` issues them, over the
+    same transport to the same servers, into buffers allocated once; the median of ``repeats``
+    seconds."""
     from gcache import Client
-    size = BLOCK * 2 * 4 * 64 * 4             # tokens x (K, V) x kv heads x head dim x float32
     per_layer = max(1, n_bytes // size // layers)
     keys = [[f"bench-sdk/{layer}/{page}" for page in range(per_layer)]
             for layer in range(layers)]

@@ -18,7 +18,10 @@ each full one), page size 64. For each prompt length, one document with a new qu
   host pool, the prefix goes from GCache into the device pool layer by layer.
 
 Every engine is a ``sglang.launch_server`` process; TTFT is the wall time of a ``/generate`` of
-one token over HTTP on this host; tokens loaded are what SGLang reports as cached. Each engine
+one token over HTTP on this host; tokens loaded are what SGLang reports as cached. Every engine
+runs with ``--enable-metrics``, and a request's load phases (``gcache.kv.load_phases``: probe,
+fetch, layer_wait, and the bytes placed) are the growth of the connector's Prometheus series on
+the engine's ``/metrics`` across that request. Each engine
 serves a first request that is not counted (one-off costs: the first forward's allocations,
 GCache's connections). Writes ``bench/results/engine-sglang-latest.json``.
 """
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -41,6 +45,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = 64
 ADMIN = "bench-admin"
 CONDITIONS = ("computed", "radix", "hicache", "linker")
+LAYERS = 8                                # bench/engine.py's models
+LINKER_OBJECT = PAGE * 4 * 64 * 4        # a page of one layer's K (or V): 4 KV heads of 64, fp32
 
 
 def prompt(document: int, length: int, question: int, *, vocab: int, extra: int) -> list[int]:
@@ -60,7 +66,7 @@ class Server:
                 "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                 "--port", str(port), "--page-size", str(PAGE), "--max-total-tokens",
                 str(max_tokens), "--chunked-prefill-size", str(max_tokens),
-                "--enable-cache-report", "--admin-api-key", ADMIN]
+                "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN]
         if condition == "computed":
             args += ["--disable-radix-cache"]
         elif condition == "radix":
@@ -118,10 +124,31 @@ class Server:
             "temperature": 0, "max_new_tokens": 1, "ignore_eos": True}})
         return time.perf_counter() - began, int(reply["meta_info"].get("cached_tokens", 0))
 
+    def load_totals(self) -> dict[str, float]:
+        """The connector's load phases so far (seconds) and ``bytes`` placed, from the
+        engine's ``/metrics`` (its scheduler's series, SGLang's multiprocess registry)."""
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as reply:
+            text = reply.read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.labels.get("engine") != "sglang":
+                    continue
+                if sample.name == "gcache_kv_load_phase_seconds_sum":
+                    totals[sample.labels["phase"]] = sample.value
+                elif sample.name == "gcache_kv_load_bytes_total":
+                    totals["bytes"] = sample.value
+        return totals
+
     def flush(self) -> None:
-        for _ in range(100):                     # refused while L3 writes are in flight
-            if "Cache flushed" in self.post("/flush_cache", {}).get("text", ""):
-                return
+        for _ in range(100):
+            try:
+                if "Cache flushed" in self.post("/flush_cache", {}).get("text", ""):
+                    return
+            except urllib.error.HTTPError as exc:
+                if exc.code != 400:              # 400: refused while L3 writes are in flight
+                    raise
             time.sleep(0.2)
         raise RuntimeError("flush_cache refused")
 
@@ -137,9 +164,17 @@ class Server:
         self.files.remove()
 
 
+def median_phases(requests: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median over the requests (seconds; ``bytes`` placed); none recorded for a
+    condition without GCache."""
+    names = sorted({name for phases in requests for name in phases})
+    return {name: round(float(np.median([phases.get(name, 0.0) for phases in requests])),
+                        4 if name != "bytes" else 0) for name in names}
+
+
 def bench_model(kind: str, lengths: list[int], repeats: int, work: pathlib.Path,
                 cluster) -> list[dict]:
-    from bench.engine import QUESTION, VOCAB, write_model
+    from bench.engine import QUESTION, VOCAB, sdk_get_into, write_model
     from gcache.cli.ports import free_port
     model = write_model(work / kind, kind)
     max_tokens = 4 * (max(lengths) + QUESTION + PAGE)
@@ -166,20 +201,31 @@ def bench_model(kind: str, lengths: list[int], repeats: int, work: pathlib.Path,
             for n in lengths:
                 if condition == "radix":         # the document in this engine's own cache
                     server.ttft(ids(n, 0))
-                times, loaded = [], []
+                times, loaded, phases = [], [], []
                 for q in range(1, repeats + 1):
                     if condition in ("hicache", "linker"):
                         server.flush()           # every prefix from GCache, none kept
+                    before = server.load_totals()
                     seconds, cached = server.ttft(ids(n, q))
+                    after = server.load_totals()
                     times.append(seconds)
                     loaded.append(cached)
+                    phases.append({k: v - before.get(k, 0.0) for k, v in after.items()})
                 rows.append({"model": kind, "condition": condition, "length": n + QUESTION,
                              "ttft_s": {"p50": round(float(np.percentile(times, 50)), 4),
                                         "min": round(min(times), 4), "samples": len(times)},
-                             "tokens_loaded": int(np.median(loaded))})
+                             "tokens_loaded": int(np.median(loaded)),
+                             "phases": median_phases(phases)})
+                placed = rows[-1]["phases"].get("bytes", 0)
+                if condition == "linker" and placed:
+                    # the limit of its load: the same bytes in its objects (one page of one
+                    # layer's K or V), one batch per layer, from the same servers
+                    rows[-1]["sdk_get_into_s"] = sdk_get_into(
+                        cluster.addresses, "shm", int(placed), layers=LAYERS, size=LINKER_OBJECT)
                 print(f"{kind:>7} {condition:>9} {n + QUESTION:>6} tokens: TTFT p50 "
-                      f"{rows[-1]['ttft_s']['p50']:.3f} s, loaded {rows[-1]['tokens_loaded']}",
-                      flush=True)
+                      f"{rows[-1]['ttft_s']['p50']:.3f} s, loaded {rows[-1]['tokens_loaded']}"
+                      + "".join(f", {k} {v * 1000:.0f} ms" for k, v in
+                                rows[-1]["phases"].items() if k != "bytes"), flush=True)
         finally:
             server.stop()
     return rows

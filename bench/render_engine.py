@@ -102,7 +102,36 @@ def render_engine_sglang(report: dict) -> str:
         lines.append(f"| {model} | {length} | {cell(s['computed'])} | {cell(s['radix'])} | "
                      f"{cell(s['hicache'])} | {over(s['hicache'])} | {cell(s['linker'])} | "
                      f"{over(s['linker'])} | {loaded} |")
+    lines += _sglang_phases(report["rows"])
     for model, why in report.get("failed", {}).items():
         lines += ["", f"{model}: not measured, the engine failed: "
                   f"`{why.strip().splitlines()[-1][:300] if why.strip() else why}`"]
     return "\n".join(lines)
+
+
+def _sglang_phases(rows: list[dict]) -> list[str]:
+    """Where a GCache hit's time goes on SGLang (p50 per phase, from the engine's ``/metrics``).
+    The linker reads straight into the device pool (no place phase); HiCache's fetch lands in
+    its host pool, and SGLang's own copy to the device pool is not ours to time."""
+    loading = [r for r in rows if r["condition"] in ("hicache", "linker")
+               and r.get("phases", {}).get("bytes")]
+    if not loading:
+        return []
+    lines = ["", "Where an SGLang hit's time goes (p50 per phase, `gcache.kv.load_phases`, read "
+             "from the engine's `/metrics`). Load GB/s is the bytes placed over the fetch; SDK "
+             "GB/s is `batch_get_into` of the same bytes in the linker's objects (a page of one "
+             "layer's K or V), one batch per layer, from the same servers in the same run (the "
+             "target is 0.5× of it).", "",
+             "| model | prompt | condition | probe ms | fetch ms | layer wait ms | MiB placed | "
+             "load GB/s | SDK GB/s | × SDK |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in loading:
+        ph = r["phases"]
+        load = ph["bytes"] / ph["fetch"] / 1e9 if ph.get("fetch") else 0.0
+        sdk_s = r.get("sdk_get_into_s")
+        sdk = ph["bytes"] / sdk_s / 1e9 if sdk_s else 0.0
+        ms = " | ".join(f"{1000 * ph.get(k, 0.0):.0f}" for k in ("probe", "fetch", "layer_wait"))
+        lines.append(f"| {r['model']} | {r['length']} | {r['condition']} | {ms} | "
+                     f"{ph['bytes'] / 2**20:.0f} | {load:.2f} | "
+                     + (f"{sdk:.2f} | {load / sdk:.2f}× |" if sdk else "— | — |"))
+    return lines

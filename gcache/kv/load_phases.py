@@ -11,8 +11,10 @@ The connectors of both engines mark the same phases of every request that loads 
 - ``save_wait``: the save work the forward pass waited for at its end.
 Phases overlap (a fetch runs while the request is parked), so they are reported side by side,
 not summed. Each is observed in ``gcache_kv_load_phase_seconds{engine, phase}`` (Prometheus, in
-the engine's process) and kept per request until ``take`` hands them out (the benchmark reads
-them after each request of an in-process engine); ``bytes`` counts what was placed.
+the engine's process: an SGLang engine started with ``--enable-metrics`` serves its scheduler's
+on ``/metrics``) and kept per request until ``take`` hands them out (the benchmark reads them
+after each request of an in-process engine); ``bytes`` counts what was placed, also in
+``gcache_kv_load_bytes_total{engine}``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 from gcache.kv.metrics import LOAD_BUCKETS_S
 
@@ -30,13 +32,16 @@ KEPT_REQUESTS = 4096        # requests kept for ``take`` at most (the oldest go 
 PHASE_SECONDS = Histogram("gcache_kv_load_phase_seconds",
                           "Time a loading request spent in each phase of its time to first token",
                           ["engine", "phase"], buckets=LOAD_BUCKETS_S)
+PLACED_BYTES = Counter("gcache_kv_load_bytes", "Bytes a connector placed into the engine's KV "
+                       "memory from GCache", ["engine"])
 
 
 class LoadPhases:
     """Thread-safe: the scheduler, the forward pass and the loader threads all mark."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, *, kept: int = KEPT_REQUESTS) -> None:
         self.engine = engine
+        self.kept = kept
         self._lock = threading.Lock()
         self._requests: dict[str, dict[str, float]] = {}
 
@@ -49,13 +54,14 @@ class LoadPhases:
         self._bump(req_id, phase, seconds)
 
     def placed(self, req_id: str, n_bytes: int) -> None:
+        PLACED_BYTES.labels(self.engine).inc(n_bytes)
         self._bump(req_id, "bytes", n_bytes)
 
     def _bump(self, req_id: str, name: str, amount: float) -> None:
         with self._lock:
             phases = self._requests.get(req_id)
             if phases is None:
-                if len(self._requests) >= KEPT_REQUESTS:
+                if len(self._requests) >= self.kept:
                     del self._requests[next(iter(self._requests))]
                 phases = self._requests[req_id] = defaultdict(float)
             phases[name] += amount

@@ -31,8 +31,10 @@ into ``gcache.kv.LayeredPages`` calls.
   counter, and SGLang aborts exactly the requests that were loading in that batch (503,
   "External KV cache load failed") while the rest of the batch and the engine go on; a page
   that failed is deleted in every layer, so lookups stop reporting it and the next save stores
-  it whole again. An offload that fails is
-  reported as such and the tree offloads the node again later. Nothing raises into SGLang.
+  it whole again. An offload that fails is reported as such and the tree offloads the node
+  again later. Nothing raises into SGLang.
+- Time: ``probe`` (a lookup), ``fetch`` (a layer's read, straight into the pool: no ``place``)
+  and ``layer_wait`` (the forward's wait for a layer) in ``gcache.kv.load_phases("sglang")``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import logging
 import math
 import os
 import threading
+import time
 from queue import Empty, Queue
 from typing import Any
 
@@ -54,12 +57,12 @@ from gcache.kv import (
     client_from_settings,
     gcache_settings,
     leading,
+    load_phases,
     restorable_prefixes,
     weights_fingerprint,
 )
 from gcache_sglang._compat import (
     ComponentType,
-    LayerWiseLoadCounter,
     PoolName,
     PoolTransfer,
     UnifiedCacheLinker,
@@ -67,6 +70,7 @@ from gcache_sglang._compat import (
     tensor_parallel_rank,
 )
 from gcache_sglang.linker_pools import KV, SWA, DevicePools, LayerBuffers
+from gcache_sglang.load_counter import TimedLoadCounter, batch_id
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +128,10 @@ class GCacheLinker(UnifiedCacheLinker):
                          "failed_loads": 0, "offloads": 0, "offloaded_pages": 0,
                          "failed_offloads": 0, "swa_pages_skipped": 0, "errors": 0}
         self._stats_lock = threading.Lock()
-        self._register_buffers()
+        self.device_pools.register(self.client)
 
-        self.layer_done_counter = LayerWiseLoadCounter(self.device_pools.num_layers)
+        self.phases = load_phases("sglang")
+        self.layer_done_counter = TimedLoadCounter(self.device_pools.num_layers, self.phases)
         self.pending_loads: dict[str, list[tuple[str, list[str], list[int]]]] = {}
         self.load_queue: Queue[tuple[int, list, list] | None] = Queue()
         self.offload_queue: Queue[tuple[list, list] | None] = Queue()
@@ -161,34 +166,20 @@ class GCacheLinker(UnifiedCacheLinker):
                            tp=f"{self.tp_rank}/{self.tp_size}")
         return pages
 
-    def _register_buffers(self) -> None:
-        """Register the pool's tensors for NIXL once (a no-op for TCP and shared memory)."""
-        seen: set[tuple[int, int]] = set()
-        for layer in self.device_pools.layers:
-            for buf in layer.buffers:
-                span = (buf.data_ptr(), buf.numel() * buf.element_size())
-                if span in seen:
-                    continue
-                seen.add(span)
-                try:
-                    if not self.client.register_buffer(buf):
-                        return                      # this client never uses NIXL
-                except Exception:
-                    log.exception("gcache linker: registering a pool buffer failed; its "
-                                  "transfers take bounce buffers")
-                    return
-
     # ---- lookup -----------------------------------------------------------------------------
 
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
         """Every prefix length (pages of the tail) whose full layers and, for sliding layers,
         window tail are all stored. A failure is a miss."""
+        began = time.perf_counter()
         try:
             return self._lookup(rid, transfers)
         except Exception:
             log.exception("gcache linker: lookup of %s failed; answering a miss", rid)
             self._count("errors")
             return []
+        finally:
+            self.phases.add(rid, "probe", time.perf_counter() - began)
 
     def _lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
         by_name = {_name(t.name): t for t in transfers}
@@ -284,7 +275,10 @@ class GCacheLinker(UnifiedCacheLinker):
     def _read_layer(self, index: int, layer: LayerBuffers, keys: list[str],
                     starts: list[int]) -> None:
         parts = self.device_pools.regions(layer, starts, self.page_size)
+        began = time.perf_counter()
         done = self.store.read(layer.name, keys, parts)
+        self.phases.add(batch_id(index), "fetch", time.perf_counter() - began)
+        self.phases.placed(batch_id(index), sum(part.nbytes for page in parts for part in page))
         if all(done):
             return
         error = LoadFailed(f"layer {layer.layer} ({layer.pool}): {len(done) - sum(done)} of "

@@ -18,11 +18,14 @@ no copy on a CPU engine; on a GPU the SDK moves the views (registered for NIXL w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 KV = "kv"
 SWA = "swa"
@@ -65,6 +68,24 @@ class DevicePools:
 
     def pools(self) -> list[str]:
         return sorted(self.by_pool)
+
+    def register(self, client: Any) -> None:
+        """Register the pools' tensors with ``client`` for NIXL, each once (a no-op for TCP and
+        shared memory); a failure leaves transfers on bounce buffers, logged."""
+        seen: set[tuple[int, int]] = set()
+        for layer in self.layers:
+            for buf in layer.buffers:
+                span = (buf.data_ptr(), buf.numel() * buf.element_size())
+                if span in seen:
+                    continue
+                seen.add(span)
+                try:
+                    if not client.register_buffer(buf):
+                        return                      # this client never uses NIXL
+                except Exception:
+                    log.exception("gcache linker: registering a pool buffer failed; its "
+                                  "transfers take bounce buffers")
+                    return
 
     def layer_format(self, layer: LayerBuffers) -> dict[str, str]:
         """What fixes the meaning of a layer's page bytes (for its key namespace)."""

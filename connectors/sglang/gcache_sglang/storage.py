@@ -26,6 +26,9 @@ slots into ``gcache.kv.EnginePages`` calls.
   the others put it. The engine's launch config decides, so writers and readers agree.
 - ``exists(key)`` answers for either path's objects, so it holds after ``set`` whatever
   ``interface_v1`` says. ``gcache_policy`` is refused: SGLang decides what it stores.
+- Time: ``probe`` (an existence check) and ``fetch`` (a read, straight into the host pool
+  where zero copy) in ``gcache.kv.load_phases("sglang")``, under ``PHASE_ID``: HiCache's calls
+  name no request. SGLang's own host-to-device copy is not ours to time.
 - Failure: every call is answered; a miss, a timeout, a dead server or an internal error is a
   miss (or a failed write) for SGLang, logged, never an exception in its IO threads.
 """
@@ -49,6 +52,7 @@ from gcache.kv import (
     head_groups,
     head_pages,
     leading,
+    load_phases,
     page_regions,
     restorable_prefixes,
 )
@@ -67,6 +71,7 @@ from gcache_sglang._compat import (
 
 log = logging.getLogger(__name__)
 
+PHASE_ID = "hicache"          # HiCache's storage calls carry no request id
 FLAT = "flat"                 # the generic path's objects: one flat page of the KV pool
 FORMAT_FIELDS = ("layout", "dtype", "page_size", "layer_num", "head_num", "head_dim",
                  "kv_cache_dim", "kv_lora_rank", "qk_rope_head_dim", "start_layer",
@@ -121,6 +126,7 @@ class GCacheHiCacheStorage(HiCacheStorage):
         self._parts: dict[str, int] = {}              # pool name -> buffers per page
         self._replicated: set[str] = set()            # pools with equal bytes on every TP rank
         self._stats_lock = threading.Lock()
+        self.phases = load_phases("sglang")
         self.counters = {"pages_read": 0, "pages_written": 0, "pages_skipped": 0,
                          "read_misses": 0, "write_failures": 0, "errors": 0}
         self._metrics: dict[str, list] = {"prefetch_pgs": [], "backup_pgs": [],
@@ -213,6 +219,9 @@ class GCacheHiCacheStorage(HiCacheStorage):
         """Read pages into their buffers; counted, and timed for SGLang's metrics."""
         start = time.perf_counter()
         done = self.pages.read(pool, keys, parts, group=group)
+        self.phases.add(PHASE_ID, "fetch", time.perf_counter() - start)
+        self.phases.placed(PHASE_ID, sum(view.nbytes for ok, page in zip(done, parts) if ok
+                                         for view in page))
         self._count("pages_read", sum(done))
         self._count("read_misses", len(keys) - sum(done))
         self._record("prefetch", pool, leading(done), time.perf_counter() - start)
@@ -234,9 +243,13 @@ class GCacheHiCacheStorage(HiCacheStorage):
 
     def _kv_pages(self, keys: list[str], group: str | None) -> int:
         """Leading pages whose KV exists, in the objects (and placement) of the path in use."""
-        if not self.zero_copy:
-            return self.pages.leading_present(FLAT, keys, 1)          # placed key by key
-        return self.pages.leading_present(KV, keys, self._parts_of(KV), group=group)
+        began = time.perf_counter()
+        try:
+            if not self.zero_copy:
+                return self.pages.leading_present(FLAT, keys, 1)      # placed key by key
+            return self.pages.leading_present(KV, keys, self._parts_of(KV), group=group)
+        finally:
+            self.phases.add(PHASE_ID, "probe", time.perf_counter() - began)
 
     @_answer_on_error(lambda *a, **k: PoolTransferResult(0, {}, []))
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,

@@ -18,6 +18,7 @@ from gcache.cli.ports import free_port
 from gcache.errors import ConfigError
 
 from .device_pools import (
+    PAGE,
     WINDOW,
     fill,
     keys_of,
@@ -70,11 +71,18 @@ def test_pages_come_back_layer_by_layer_into_a_fresh_pool(cluster, model, linker
     assert writer.counters["offloaded_pages"] == 8
 
     reader = linkers(cluster.addresses, target, model)           # another engine's pool
+    reader.phases.take()                                          # the process's, so far
     assert reader.lookup("r1", [kv(keys)]) == [1, 2, 3, 4]       # stops where the pages end
     landed, seen = load(reader, "r1", [kv(keys[:4], slots(20, 4))])
     assert landed and seen == [0, 1, 2]
     assert same(source, target, slots(1, 4), slots(20, 4))
     assert reader.counters["loaded_pages"] == 4
+    # the load's phases: the lookup by request, the batch's reads and the forward's waits
+    phases = reader.phases.take()
+    assert phases["r1"]["probe"] > 0
+    (batch,) = [v for k, v in phases.items() if k.startswith("sglang-load-")]
+    assert batch["fetch"] > 0 and "layer_wait" in batch
+    assert batch["bytes"] == 4 * 3 * 2 * PAGE * 2 * 8 * 4        # pages, layers, K/V, fp32
 
 
 def test_a_sliding_window_model_reports_only_window_safe_prefixes(cluster, model, linkers):
