@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="llama,gemma3")
-    parser.add_argument("--lengths", default="2048,4096")
+    parser.add_argument("--lengths", default="2048,8192")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" /
                                              "engine-sglang-latest.json"))
