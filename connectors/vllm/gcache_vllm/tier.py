@@ -1,0 +1,271 @@
+"""``GCacheTier``: GCache as a secondary tier of vLLM's own KV offloading (``OffloadingConnector``
+with ``TieringOffloadingSpec``), under its CPU primary tier.
+
+Configured in ``kv_connector_extra_config``::
+
+    {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": ...,
+     "secondary_tiers": [{"type": "GCacheTier", "module_path": "gcache_vllm.tier",
+                          "gcache_master": "10.0.0.1:7600"}]}
+
+vLLM's tiering manager calls every method in the scheduler process, under its lock, and none of
+them may block: ``submit_store`` (a cascade: chunks of the CPU tier into GCache) and
+``submit_load`` (a promotion: GCache into freshly allocated CPU chunks) queue jobs that run on
+this tier's job threads (each a batched SDK call: one request per server, the bytes between
+the CPU tier's shared memory and GCache with no staging copy), and ``get_finished_jobs`` hands
+out what finished. ``lookup`` answers from a per-step batched probe (``tier_lookup``): RETRY
+the first time, then HIT or MISS. A dead or slow server is a MISS or a failed job, after the
+client's timeout, on those threads: never a stalled step. A failed store is reported as such,
+which vLLM's backpressure counts (``failure_threshold``) as it counts slow stores.
+
+Keys: one object per chunk (the CPU tier's row, every worker's part of it), named by vLLM's
+``OffloadKey`` (the chunk's chained block hash and its KV cache group) within a namespace of
+what makes a row's bytes mean the same to two engines: vLLM's own storage identity of the
+offloading config (model, dtype, groups, parallel layout; ``FileMapper``), the row's size, the
+weights' fingerprint (when the model is a local directory) and ``gcache_namespace``. Two
+engines of one model share; two models never collide. Sliding-window groups are vLLM's to
+handle: their chunks are keys of their own group.
+
+Events (``enable_kv_events``): what the tier stores is announced as vLLM KV events with medium
+CPU (GCache holds KV in host memory), the configured locality and ownership ``gcache``; the
+rule for withdrawing them is ``tier_events``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from queue import Empty, Queue
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadKey,
+    OffloadPolicy,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from gcache.errors import ConfigError
+from gcache.kv import (
+    KV_ONLY,
+    LOADER_ONLY,
+    EnginePages,
+    client_from_settings,
+    gcache_settings,
+    weights_fingerprint,
+)
+from gcache_vllm._compat import get_logger
+from gcache_vllm.tier_events import Announced
+from gcache_vllm.tier_lookup import LookupBatcher
+
+log = get_logger(__name__)
+
+POOL = "chunk"
+OWNERSHIP = "gcache"
+# What the tier reads of the gcache_* settings: the cluster, the client's own, the namespace.
+REFUSED = tuple(name for name in KV_ONLY if name != "namespace") + LOADER_ONLY
+
+
+class GCacheTier(SecondaryTierManager):
+    """vLLM ``SecondaryTierManager`` over a GCache cluster (module docstring)."""
+
+    medium: ClassVar[Medium] = Medium.CPU
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+                 backpressure_detector: Any = None, *, locality: str = "REMOTE",
+                 enable_kv_events: bool = False, job_threads: int = 2,
+                 event_ttl_s: float = 300.0, **settings: Any) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        foreign = sorted(k for k in settings if not k.startswith("gcache_"))
+        if foreign:
+            raise ConfigError("secondary_tiers", foreign, "the GCache tier takes locality, "
+                              "enable_kv_events, job_threads, event_ttl_s, backpressure and "
+                              "gcache_* settings (connectors/vllm/README.md)")
+        gcache = gcache_settings(settings, unused=REFUSED)
+        if int(job_threads) < 1:
+            raise ConfigError("job_threads", job_threads, "at least 1")
+        self.locality = Locality(str(locality).upper())
+        events_on = getattr(getattr(offloading_spec, "kv_events_config", None),
+                            "enable_kv_cache_events", False)
+        self.announced = Announced(float(event_ttl_s)) if enable_kv_events and events_on \
+            else None
+        self.client = client_from_settings(gcache)
+        self.pages = EnginePages(self.client, "vllm-tier", _namespace(offloading_spec,
+                                 self.block_size_bytes, str(gcache.get("namespace", ""))))
+        self.pages.add_pool(POOL, row_bytes=self.block_size_bytes)
+        self._rows = primary_kv_view.cast("B")          # chunk c: [c * row, (c + 1) * row)
+        self.lookups = LookupBatcher(self._present)
+        self._jobs = ThreadPoolExecutor(int(job_threads), thread_name_prefix="gcache-tier-job")
+        self._in_flight: set[Future] = set()
+        self._finished: Queue[tuple[JobResult, TransferJob]] = Queue()
+        self._lock = threading.Lock()                   # the job set, beside vLLM's lock
+        self.counters = {"store_jobs": 0, "load_jobs": 0, "stored": 0, "loaded": 0,
+                         "failed_stores": 0, "failed_loads": 0}
+        log.info("gcache tier: %s, %d-byte chunks, locality %s, events %s", self.client,
+                 self.block_size_bytes, self.locality.value,
+                 "on" if self.announced else "off")
+
+    # ---- lookup -----------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        known = self.lookups.answer(req_context.req_id, key)
+        if known is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if known else LookupResult.MISS
+
+    def _present(self, keys: list) -> list[bool]:
+        found = self.pages.present(POOL, [key.hex() for key in keys], 1)
+        if self.announced is not None:
+            with self._lock:
+                self.announced.held(k for k, ok in zip(keys, found) if ok)
+                self.announced.gone(k for k, ok in zip(keys, found) if not ok)
+        return found
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self.lookups.flush()
+
+    # ---- jobs -------------------------------------------------------------------------------
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self.counters["store_jobs"] += 1
+        self._submit(self._store, job_metadata)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self.counters["load_jobs"] += 1
+        self._submit(self._load, job_metadata)
+
+    def _submit(self, work: Any, job: TransferJob) -> None:
+        try:
+            future = self._jobs.submit(self._run, work, job)
+        except RuntimeError as exc:                     # shut down: the job fails, reported
+            log.error("gcache tier: job %d refused: %s", job.job_id, exc)
+            self._finished.put((JobResult(job.job_id, False, successful_keys=()), job))
+            return
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def _run(self, work: Any, job: TransferJob) -> None:
+        began = time.perf_counter()
+        try:
+            done = work(job)
+        except Exception:
+            log.exception("gcache tier: job %d failed", job.job_id)
+            done = [False] * len(job.keys)
+        keys = list(job.keys)
+        ok = [key for key, landed in zip(keys, done) if landed]
+        result = JobResult(job.job_id, len(ok) == len(keys),
+                           successful_keys=None if len(ok) == len(keys) else ok,
+                           transfer_time=time.perf_counter() - began,
+                           transfer_bytes=len(ok) * self.block_size_bytes)
+        self._finished.put((result, job))
+
+    def _chunks(self, job: TransferJob) -> list[list[memoryview]]:
+        row = self.block_size_bytes
+        return [[self._rows[int(c) * row:(int(c) + 1) * row]] for c in job.chunk_ids]
+
+    def _store(self, job: TransferJob) -> list[bool]:
+        return self.pages.write(POOL, [key.hex() for key in job.keys], self._chunks(job))
+
+    def _load(self, job: TransferJob) -> list[bool]:
+        return self.pages.read(POOL, [key.hex() for key in job.keys], self._chunks(job))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        out = []
+        while True:
+            try:
+                result, job = self._finished.get_nowait()
+            except Empty:
+                break
+            out.append(result)
+            keys = list(job.keys)
+            landed = keys if result.success else list(result.successful_keys or ())
+            done, failed = ("loaded", "failed_loads") if job.is_promotion \
+                else ("stored", "failed_stores")
+            self.counters[done] += len(landed)
+            self.counters[failed] += not result.success
+            if job.is_promotion and not result.success:
+                arrived = set(landed)
+                failed = [key for key in keys if key not in arrived]
+                self.lookups.forget(job.req_context.req_id, failed)
+                self._withdraw(failed)
+            elif not job.is_promotion:
+                self._announce(landed)
+        return out
+
+    def _announce(self, keys: list) -> None:
+        if self.announced is not None and keys:
+            with self._lock:
+                self.announced.held(keys)
+
+    def _withdraw(self, keys: list) -> None:
+        if self.announced is not None and keys:
+            with self._lock:
+                self.announced.gone(keys)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.announced is None:
+            return ()
+        with self._lock:
+            runs = self.announced.take()
+        return [OffloadingEvent(keys=keys, medium=self.medium, removed=removed,
+                                locality=self.locality, ownership=OWNERSHIP)
+                for keys, removed in runs]
+
+    # ---- requests and lifecycle -------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext(policy=OffloadPolicy.CHUNK_LEVEL)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self.lookups.finished(req_context.req_id)
+
+    def has_pending_work(self) -> bool:
+        with self._lock:
+            jobs = bool(self._in_flight)
+        return jobs or not self._finished.empty() or self.lookups.pending()
+
+    def drain_jobs(self) -> None:
+        """Block until every submitted job has finished (none touches the CPU tier after)."""
+        with self._lock:
+            running = list(self._in_flight)
+        wait(running)
+
+    def shutdown(self) -> None:
+        """Threads stopped, the client closed, and no view of the CPU tier left: vLLM unmaps
+        it after, and keeps it mapped (leaked) while any view is alive. A failed transfer's
+        views can sit in reference cycles (its exception's frames) until the collector runs."""
+        self._jobs.shutdown(wait=True)
+        self.lookups.close()
+        self.client.close()
+        gc.collect()
+        self._rows.release()
+
+
+def _namespace(spec: Any, row_bytes: int, namespace: str) -> dict[str, object]:
+    """What makes a chunk's bytes interchangeable between engines (module docstring)."""
+    mapper = FileMapper.from_offloading_spec("gcache", spec,
+                                             blocks_per_file=spec.blocks_per_chunk,
+                                             parallel_agnostic=True)
+    model = spec.config.model.name
+    fingerprint = weights_fingerprint(model) if model and os.path.isdir(model) else None
+    if fingerprint is None:
+        log.warning("gcache tier: %s is not a local model directory with safetensors; keys "
+                    "name the model by name alone (set a new gcache_namespace when its "
+                    "weights change)", model)
+    return {"identity": mapper.base_path, "rank": mapper.rank, "row_bytes": row_bytes,
+            "weights": fingerprint, "tenant": namespace}
