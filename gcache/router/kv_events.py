@@ -5,7 +5,8 @@ publishes ``(topic, seq, payload)`` frames on a ZMQ PUB socket; the payload is a
 ``[ts, [event, ...], data_parallel_rank]`` whose events are maps tagged by ``type``:
 ``BlockStored`` (``block_hashes``, ``parent_block_hash``, ``token_ids``, ``block_size``,
 ``medium``, ``group_idx``, ``kv_cache_spec_kind``), ``BlockRemoved`` (``block_hashes``,
-``medium``, ``group_idx``) and ``AllBlocksCleared``.
+``medium``, ``group_idx``) and ``AllBlocksCleared``. Events a secondary offload tier owns
+(``ownership`` set: vLLM's tiering, ``gcache_vllm.tier``) are not the engine's and are skipped.
 
 The engine's block hashes cannot be recomputed here (they depend on its hash function and, with
 ``PYTHONHASHSEED`` unset, on a random seed), so the feed keeps them only as names: a stored
@@ -81,8 +82,11 @@ class EventFeed:
             self.reset()
             return
         tier = MEDIUM_TIERS.get(event.get("medium"))
-        if tier is None:
-            return                       # another offload tier (STORAGE): not the engine's
+        if tier is None or event.get("ownership") is not None:
+            # another offload tier's (STORAGE, or a secondary tier's, e.g. GCacheTier's
+            # ownership "gcache"): not this engine's memory. What GCache holds reaches the
+            # router by asking GCache itself (gcache_hits), exactly, not by expiring events.
+            return
         if kind == "BlockStored":
             spec = event.get("kv_cache_spec_kind")
             if spec is not None and spec != "full_attention":

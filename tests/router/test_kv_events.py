@@ -16,11 +16,11 @@ HASHES = view_hashes(TOKENS, BLOCK)
 
 
 def stored(engine_hashes, tokens, parent=None, *, medium="GPU", kind="full_attention",
-           group=0, block_size=BLOCK):
+           group=0, block_size=BLOCK, ownership=None):
     return {"type": "BlockStored", "block_hashes": engine_hashes, "parent_block_hash": parent,
             "token_ids": tokens, "block_size": block_size, "lora_id": None, "medium": medium,
             "lora_name": None, "extra_keys": [None] * len(engine_hashes), "group_idx": group,
-            "kv_cache_spec_kind": kind}
+            "kv_cache_spec_kind": kind, "ownership": ownership}
 
 
 def removed(engine_hashes, *, medium="GPU", group=0):
@@ -57,6 +57,14 @@ def test_removed_blocks_leave_the_view_and_a_cpu_copy_keeps_the_host_tier():
     events.apply(1, batch(stored([11, 12], TOKENS[:8], medium="CPU")))
     events.apply(2, batch(removed([12, 13, 14])))
     assert view.hit_pages(HASHES, tier="gpu") == 1
+    assert view.hit_pages(HASHES, tier="host") == 2
+
+
+def test_a_secondary_tiers_events_are_not_the_engines_memory():
+    events, view = feed()
+    events.apply(0, batch(stored([11, 12], TOKENS[:8], medium="CPU", ownership="gcache")))
+    assert len(view) == 0                       # GCacheTier's: the router asks GCache itself
+    events.apply(1, batch(stored([11, 12], TOKENS[:8], medium="CPU")))
     assert view.hit_pages(HASHES, tier="host") == 2
 
 
