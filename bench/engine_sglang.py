@@ -66,6 +66,9 @@ class Server:
                 "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                 "--port", str(port), "--page-size", str(PAGE), "--max-total-tokens",
                 str(max_tokens), "--chunked-prefill-size", str(max_tokens),
+                # SGLang's own guess on CPU (-1.1 with 8K prompts) leaves no room for the pool;
+                # --max-total-tokens bounds the pool, this only lets it be allocated
+                "--mem-fraction-static", "0.3",
                 "--enable-cache-report", "--enable-metrics", "--admin-api-key", ADMIN]
         if condition == "computed":
             args += ["--disable-radix-cache"]
