@@ -55,10 +55,10 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from gcache.errors import ConfigError
 from gcache.kv import (
     KV_ONLY,
     LOADER_ONLY,
+    ConfigError,
     EnginePages,
     client_from_settings,
     gcache_settings,
