@@ -103,7 +103,9 @@ class Server:
         self.files = GroupFiles(self.proc.pid, before)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
+            self.files.collect()                 # an engine that fails to start leaves its own
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"sglang exited ({log})")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2):
@@ -111,6 +113,7 @@ class Server:
                     return
             except OSError:
                 time.sleep(1.0)
+        self.stop()
         raise TimeoutError(f"sglang not ready ({log})")
 
     def post(self, path: str, body: dict) -> dict:
@@ -156,13 +159,14 @@ class Server:
         raise RuntimeError("flush_cache refused")
 
     def stop(self) -> None:
+        """Kill the engine's process group (it may be gone already) and remove the /dev/shm
+        files it used; a SIGTERM only adds SGLang's 5 s crash-diagnostics sleep."""
         self.files.collect()
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
         self._log.close()
         self.files.remove()
 
