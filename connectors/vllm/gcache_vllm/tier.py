@@ -125,10 +125,8 @@ class GCacheTier(SecondaryTierManager):
 
     def _present(self, keys: list) -> list[bool]:
         found = self.pages.present(POOL, [key.hex() for key in keys], 1)
-        if self.announced is not None:
-            with self._lock:
-                self.announced.held(k for k, ok in zip(keys, found) if ok)
-                self.announced.gone(k for k, ok in zip(keys, found) if not ok)
+        self._mark(held=[k for k, ok in zip(keys, found) if ok],
+                   gone=[k for k, ok in zip(keys, found) if not ok])
         return found
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
@@ -194,28 +192,25 @@ class GCacheTier(SecondaryTierManager):
             out.append(result)
             keys = list(job.keys)
             landed = keys if result.success else list(result.successful_keys or ())
-            done, failed = ("loaded", "failed_loads") if job.is_promotion \
+            moved, failures = ("loaded", "failed_loads") if job.is_promotion \
                 else ("stored", "failed_stores")
-            self.counters[done] += len(landed)
-            self.counters[failed] += not result.success
+            self.counters[moved] += len(landed)
+            self.counters[failures] += not result.success
             if job.is_promotion and not result.success:
                 arrived = set(landed)
-                failed = [key for key in keys if key not in arrived]
-                self.lookups.forget(job.req_context.req_id, failed)
-                self._withdraw(failed)
+                lost = [key for key in keys if key not in arrived]
+                self.lookups.forget(job.req_context.req_id, lost)
+                self._mark(gone=lost)
             elif not job.is_promotion:
-                self._announce(landed)
+                self._mark(held=landed)
         return out
 
-    def _announce(self, keys: list) -> None:
-        if self.announced is not None and keys:
+    def _mark(self, *, held: Iterable[OffloadKey] = (), gone: Iterable[OffloadKey] = ()) -> None:
+        """What GCache was found to hold, or not, for the events (when they are on)."""
+        if self.announced is not None:
             with self._lock:
-                self.announced.held(keys)
-
-    def _withdraw(self, keys: list) -> None:
-        if self.announced is not None and keys:
-            with self._lock:
-                self.announced.gone(keys)
+                self.announced.held(held)
+                self.announced.gone(gone)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.announced is None:
