@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
@@ -159,16 +158,9 @@ class Server:
         raise RuntimeError("flush_cache refused")
 
     def stop(self) -> None:
-        """Kill the engine's process group (it may be gone already) and remove the /dev/shm
-        files it used; a SIGTERM only adds SGLang's 5 s crash-diagnostics sleep."""
-        self.files.collect()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        """Kill the engine's process group and remove the /dev/shm files it used."""
+        self.files.end(self.proc)
         self._log.close()
-        self.files.remove()
 
 
 def median_phases(requests: list[dict[str, float]]) -> dict[str, float]:

@@ -112,6 +112,18 @@ class GroupFiles:
         inodes = _inodes(n for n in names() if is_engine_file(n))
         self.seen.update(inodes[i] for i in _used_inodes(_pids(self.pgid)) if i in inodes)
 
+    def end(self, proc: subprocess.Popen) -> list[str]:
+        """Kill the group (``proc`` leads it; it may be gone already) at once and ``remove``
+        its files. A SIGTERM would add nothing: SGLang's launch_server takes its scheduler's
+        death by the signal for a crash and sleeps 5 s, and the same files are left."""
+        self.collect()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        return self.remove()
+
     def remove(self) -> list[str]:
         """Unlink the group's files that outlived it; returns their names."""
         deadline = time.monotonic() + SETTLE_S
@@ -147,12 +159,7 @@ def run_group(args: list[str], *, stdout: IO[bytes] | IO[str], env: dict[str, st
                 if time.monotonic() > deadline:
                     raise
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-        files.remove()
+        files.end(proc)
 
 
 def leftovers(before: set[str]) -> set[str]:

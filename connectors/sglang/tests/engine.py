@@ -6,7 +6,6 @@ import json
 import mmap
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -122,20 +121,11 @@ class Engine:
         return total
 
     def stop(self) -> None:
-        # The process group we started is killed at once: a SIGTERM costs 5-9 s a test (the
-        # scheduler dies of it, launch_server takes that for a crash and sleeps 5 s before its
-        # diagnostics) and leaves the same files behind. The engine files its processes used
-        # are removed once no process uses them (engine_testing.shm: by inode, not name; other
-        # engines on the machine have files of the same shape, and the engine also maps
-        # GCache's arena, which is the server's).
-        self.files.collect()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        # killed at once, its engine files removed once no process uses them
+        # (engine_testing.shm: by inode, not name; other engines on the machine have files of
+        # the same shape, and the engine also maps GCache's arena, which is the server's)
+        self.files.end(self.proc)
         self._log.close()
-        self.files.remove()
 
 
 def corrupt_every_value(shm_name: str) -> int:
