@@ -1,6 +1,6 @@
-"""The distribution name: the connectors' README install commands, run as printed in a fresh
-virtual environment, install GCache (``gcache-kv``) with the connector, never the package
-index's unrelated ``gcache``."""
+"""The distribution name: the install commands of the engine pages (docs/engines), run as printed
+in a fresh virtual environment, install GCache (``gcache-kv``) with the connector, never the
+package index's unrelated ``gcache``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_the_readme_install_commands_work_in_a_fresh_environment(tmp_path):
     env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
                VIRTUAL_ENV=str(venv), PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
-    for readme in ("connectors/sglang/README.md", "connectors/vllm/README.md"):
+    for readme in ("docs/engines/sglang-hicache.md", "docs/engines/vllm.md"):
         block = readme_block(ROOT / readme, "install")
         result = subprocess.run(["bash", "-c", block], cwd=ROOT, env=env, capture_output=True,
                                 text=True, timeout=500)

@@ -1,7 +1,8 @@
-"""The README's linker recipe, run exactly as printed: a GCache server, then SGLang with GCache
-as its external cache linker on a tiny model. A request, ``/flush_cache``, the same request: the
-prefix comes back from GCache into the engine's KV pool and the tokens are Hugging Face's. The
-README's GPU command is checked with SGLang's own argument parser (no GPU here)."""
+"""The linker recipe of docs/engines/sglang-linker.md, run exactly as printed: a GCache server,
+then SGLang with GCache as its external cache linker on a tiny model. A request, ``/flush_cache``,
+the same request: the prefix comes back from GCache into the engine's KV pool and the tokens are
+Hugging Face's. The page's GPU command is checked with SGLang's own argument parser (no GPU
+here)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from engine_testing.readme import readme_block, recipe_running, stored_objects
 from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[3] / "docs" / "engines" / "sglang-linker.md"
 GCACHE, URL, PAGE = "127.0.0.1:7711", "http://127.0.0.1:30711", 16
 
 pytestmark = pytest.mark.timeout(600)

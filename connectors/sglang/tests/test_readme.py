@@ -1,6 +1,6 @@
-"""The README's CPU recipe, run exactly as printed: a GCache server, then SGLang with GCache as
-its L3 on a tiny model; the engine answers with Hugging Face's greedy tokens and its pages land
-in GCache."""
+"""The CPU recipe of docs/engines/sglang-hicache.md, run exactly as printed: a GCache server, then
+SGLang with GCache as its L3 on a tiny model; the engine answers with Hugging Face's greedy tokens
+and its pages land in GCache."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from engine_testing.readme import recipe_running, stored_objects
 from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[3] / "docs" / "engines" / "sglang-hicache.md"
 GCACHE, URL, PAGE = "127.0.0.1:7710", "http://127.0.0.1:30710", 16
 
 pytestmark = pytest.mark.timeout(600)

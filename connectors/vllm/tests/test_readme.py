@@ -1,6 +1,6 @@
-"""The README's CPU recipe, run exactly as printed in vLLM's CPU build: a GCache server, then
-vLLM's OpenAI server with GCache as its KV connector on a tiny model; a completion is answered
-and the prompt's pages land in GCache."""
+"""The CPU recipe of docs/engines/vllm.md, run exactly as printed in vLLM's CPU build: a GCache
+server, then vLLM's OpenAI server with GCache as its KV connector on a tiny model; a completion
+is answered and the prompt's pages land in GCache."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from engine_testing.readme import recipe_running, stored_objects
 from engine_testing.tiny_models import llama, prompt_ids
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[3] / "docs" / "engines" / "vllm.md"
 GCACHE, URL = "127.0.0.1:7720", "http://127.0.0.1:30720"
 
 pytestmark = pytest.mark.timeout(600)

@@ -28,7 +28,7 @@ from gcache.cli.local_cluster import LocalCluster
 from gcache.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(180)
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[3] / "docs" / "engines" / "vllm-tier.md"
 
 
 @pytest.fixture(scope="module")
