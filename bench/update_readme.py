@@ -1,8 +1,12 @@
-"""Render the latest benchmark JSON into README.md between each section's markers.
+"""Render the latest benchmark JSON between each section's markers, in whichever of README.md
+and docs/**/*.md holds them (``<!-- bench:NAME:start -->`` ... ``end``): the full tables live in
+docs/benchmarks, and README.md has the headline table, drawn from the same results.
 
-``make bench`` and ``make replay`` run it after measuring, so the README always shows the latest
-figures with their date; nothing in the tables is typed by hand. A section whose JSON is missing
-is left as it is.
+``make bench``, ``make bench-engine`` and ``make replay`` run it after measuring, so the pages
+always show the latest figures with their date; nothing in the tables is typed by hand. A section
+whose JSON is missing is left as it is; markers found in two files, or results with no markers
+anywhere, are an error. ``--check`` renders everything and writes nothing (the test of this
+script).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import sys
 import c_sdk
 from dataplane import small_page_lines
 from render_engine import render_engine, render_engine_sglang
-
-from gcache.kv.replay import CLUSTER_SAMPLE_EVERY, OPTIMAL
+from render_headline import PAGES, render_headline
+from render_replay import render_replay, render_replay_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,80 +88,6 @@ def render_dataplane(report: dict) -> str:
                  f"memcpy threads reach "
                  f"{limits['memcpy_2threads_gbps'] / limits['memcpy_gbps']:.2f}× here).")
     return "\n".join(lines)
-
-
-def render_replay(report: dict) -> str:
-    meta, rows = report["meta"], report["rows"]
-    lines = [
-        f"Measured {meta['date']} by `make replay` (`gcache replay --cluster`) over "
-        f"{meta['requests']} requests of `{meta['trace']}`, layout {meta['model']} (page "
-        f"{meta['page_size']} tokens, W = {meta['window']}). Budget: a fraction of the full-layer "
-        f"working set ({meta['working_set_bytes'] / 2**40:.1f} TiB). Token hit rate counts "
-        "window-safe hits only; the default policy is marked *.",
-        "",
-    ]
-    model_rows = [r for r in rows if r["source"] == "model"]
-    lines += _hit_table(model_rows, with_bytes=True)
-    default = [r for r in model_rows if r["is_default"]]
-    if default and default[0].get("of_optimal") is not None:
-        budgets = sorted({r["budget_fraction"] for r in default})
-        cell = {r["budget_fraction"]: r for r in default}
-        lines += ["", f"The `{OPTIMAL}` row is the most any eviction and tail placement could hit "
-                  "with the future known (`gcache.kv.optimal`; exact where every hit fits, "
-                  "else an upper bound). The default policy against it, and the share of the "
-                  "bytes it held that could not hit (behind a missing page of their prefix), "
-                  "summed over every lookup:", "",
-                  "| default policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |",
-                  "|---|" + "---:|" * len(budgets),
-                  "| of optimal | " + " | ".join(f"{cell[b]['of_optimal']:.3f}"
-                                                 for b in budgets) + " |",
-                  "| unreachable share | " + " | ".join(
-                      f"{cell[b]['unreachable_share']:.3f}" for b in budgets) + " |"]
-    cluster = [r for r in rows if r["source"] == "cluster"]
-    if cluster:
-        model = {(r["policy"], r["budget_fraction"]): r["hit_rate"] for r in rows
-                 if r["source"] == "model-subset"}
-        worst = max(abs(r["hit_rate"] - model[(r["policy"], r["budget_fraction"])])
-                    for r in cluster)
-        lines += ["", f"Real cluster (2 `gcache-server`s, values scaled 1/{meta['scale']}), first "
-                  f"{cluster[0]['requests']} requests, against the in-process model on the same "
-                  f"requests (largest difference {worst * 100:.2f} points):", ""]
-        lines += _hit_table(cluster, model=model)
-        if all(r.get("unreachable_share") is not None for r in cluster):
-            shares = {(r["policy"], r["budget_fraction"]): r["unreachable_share"] for r in rows
-                      if r["source"] == "model-subset"}
-            lines += ["", "Unreachable share of the bytes held, as the servers' sweeps found it "
-                      f"(STAT `tier.unreachable_bytes` over `tier.bytes`, read every "
-                      f"{CLUSTER_SAMPLE_EVERY} requests; a server counts only parents it owns, "
-                      "so it sees less than the model, whose share is summed over every "
-                      "lookup):", ""]
-            lines += _hit_table(cluster, model=shares, field="unreachable_share")
-    lines += ["", "![hit rate versus budget](bench/results/replay-latest.png)"]
-    return "\n".join(lines)
-
-
-def _hit_table(rows: list[dict], *, with_bytes: bool = False, model: dict | None = None,
-               field: str = "hit_rate") -> list[str]:
-    """Policies by budget: each row's ``field`` (and the model's beside it, from ``model``)."""
-    budgets = sorted({r["budget_fraction"] for r in rows})
-    cell = {(r["policy"], r["budget_fraction"]): r for r in rows}
-    head = "| policy | " + " | ".join(f"{b:.0%}" for b in budgets) + " |"
-    head += " bytes vs full-layer |" if with_bytes else ""
-    lines = [head, "|---|" + "---:|" * (len(budgets) + with_bytes)]
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mark = " *" if cell[(policy, budgets[0])]["is_default"] else ""
-        values = []
-        for b in budgets:
-            text = f"{cell[(policy, b)][field]:.3f}"
-            if model is not None:
-                text += f" (model {model[(policy, b)]:.3f})"
-            values.append(text)
-        line = f"| {policy}{mark} | " + " | ".join(values) + " |"
-        if with_bytes:
-            line += " – |" if policy == OPTIMAL else \
-                f" {cell[(policy, budgets[-1])]['storage_ratio']:.3f} |"
-        lines.append(line)
-    return lines
 
 
 def render_tiers(report: dict) -> str:
@@ -265,22 +195,6 @@ def render_multimodal(report: dict) -> str:
     return "\n".join(lines)
 
 
-def render_replay_suite(report: dict) -> str:
-    """The suite table of ``gcache replay --suite --out`` (``gcache.kv.suite.format_suite``)."""
-    from gcache.kv.suite import SuiteCell, format_suite
-
-    meta = report["meta"]
-    cells = [SuiteCell(c["trace"], c["budget_fraction"], c["default"], c["optimal"],
-                       c["best_fixed"], c["best_fixed_policy"]) for c in report["cells"]]
-    sources = "; ".join(f"`{name}`: {source}" for name, source in meta["sources"].items())
-    return "\n".join([
-        f"Measured {meta['date']} by `make replay-suite` (`gcache replay --suite`, "
-        f"{meta['seconds']:.0f} s), layout {meta['model']} (page {meta['page_size']} tokens, "
-        f"W = {meta['window']}); budgets are fractions of each trace's full-layer working set, "
-        f"hit rates count window-safe hits only. Traces: {sources}.", "",
-        format_suite(cells)])
-
-
 def render_routing_suite(report: dict) -> str:
     """``bench/routing_suite.py``: per trace, ours with buckets against the issue-47 targets."""
     lines = [f"Measured {report['date']} by `{report['command'].strip()}` "
@@ -351,25 +265,64 @@ SECTIONS = {"dataplane": ("dataplane-latest.json", render_dataplane),
             "engine-sglang": ("engine-sglang-latest.json", render_engine_sglang)}
 
 
+def targets() -> dict[str, str]:
+    """Each section's file: the one of README.md and docs/**/*.md that holds its start marker."""
+    paths = ["README.md"] + sorted(
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for d, _, names in os.walk(os.path.join(ROOT, "docs")) for f in names if f.endswith(".md"))
+    found: dict[str, str] = {}
+    for path in paths:
+        with open(os.path.join(ROOT, path)) as fh:
+            text = fh.read()
+        for name in re.findall(r"<!-- bench:([a-z-]+):start -->", text):
+            if name in found:
+                raise SystemExit(f"the markers of {name} are in both {found[name]} and {path}")
+            found[name] = path
+    return found
+
+
+def for_file(text: str, path: str) -> str:
+    """A rendering's links, written from the repository's root, made relative to ``path``; pages
+    under docs/ reach bench/results through docs/results (the site holds only docs/)."""
+    here = os.path.dirname(path)
+    results = "docs/results" if path.startswith("docs/") else "bench/results"
+    text = text.replace("](bench/results/", f"]({os.path.relpath(results, here)}/")
+    return text.replace(f"]({PAGES}/", f"]({os.path.relpath(PAGES, here)}/")
+
+
 def main() -> int:
-    path = os.path.join(ROOT, "README.md")
-    with open(path) as fh:
-        text = fh.read()
-    for name, (filename, render) in SECTIONS.items():
+    """Render every section whose results exist into its file; with --check, write nothing and
+    fail when a section's markers are missing."""
+    check = sys.argv[1:] == ["--check"]
+    where, reports = targets(), {}
+    for name, (filename, _) in SECTIONS.items():
         source = os.path.join(ROOT, "bench", "results", filename)
-        if not os.path.exists(source):
-            continue
-        with open(source) as fh:
-            report = json.load(fh)
-        start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-        if start not in text or end not in text:
-            print(f"README.md lacks the markers {start} / {end}", file=sys.stderr)
-            return 1
-        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-        text = pattern.sub(lambda _: f"{start}\n{render(report)}\n{end}", text)
-        print(f"README.md: {name} figures of {report.get('date') or report['meta']['date']}")
-    with open(path, "w") as fh:
-        fh.write(text)
+        if os.path.exists(source):
+            with open(source) as fh:
+                reports[name] = json.load(fh)
+    renders = {name: SECTIONS[name][1](report) for name, report in reports.items()}
+    renders["headline"] = render_headline(reports)
+    missing = sorted(set(renders) - set(where))
+    if missing:
+        print(f"no file has the markers <!-- bench:NAME:start --> of {missing}", file=sys.stderr)
+        return 1
+    for path in sorted(set(where.values())):
+        with open(os.path.join(ROOT, path)) as fh:
+            text = fh.read()
+        for name in (n for n in renders if where[n] == path):
+            start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+            if end not in text:
+                print(f"{path} lacks the marker {end}", file=sys.stderr)
+                return 1
+            pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+            body = for_file(renders[name], path)
+            text = pattern.sub(lambda _, body=body: f"{start}\n{body}\n{end}", text)
+            report = reports.get(name, {})
+            date = report.get("date") or report.get("meta", {}).get("date", "latest")
+            print(f"{path}: {name} figures of {date}")
+        if not check:
+            with open(os.path.join(ROOT, path), "w") as fh:
+                fh.write(text)
     return 0
 
 

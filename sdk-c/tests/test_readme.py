@@ -1,4 +1,4 @@
-"""The README's C example, exactly as printed: extracted from README.md, compiled against
+"""The C example of docs/sdk-c.md, exactly as printed: extracted from the page, compiled against
 libgcache.a and run against a real gcache-server on the address it names (127.0.0.1:7730)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from c_programs import BUILD, SDK
 
 from gcache.cli.arenas import SHM_DIR, SIDECARS
 
-README = SDK.parent / "README.md"
+README = SDK.parent / "docs" / "sdk-c.md"
 ADDRESS = "127.0.0.1:7730"
 READY = "gcache-server ready listen="
 
@@ -25,7 +25,7 @@ def readme_block(name: str) -> str:
     """The body of the fenced block right after ``<!-- tested: name -->``."""
     match = re.search(r"<!-- tested: " + re.escape(name) + r" -->\s*```[a-z]*\n(.*?)```",
                       README.read_text(), re.S)
-    assert match is not None, f"README.md has no block marked 'tested: {name}'"
+    assert match is not None, f"{README} has no block marked 'tested: {name}'"
     return match.group(1)
 
 

@@ -1,6 +1,6 @@
-"""README's two-tenant set-up, run as printed: a master and a server with the administrator's
-token, then the ``gcache tenant`` block (two tenants, their tokens, each one's own ``"k"``,
-quotas changed, a revocation and a removal)."""
+"""The two-tenant set-up of docs/operations/tenants.md, run as printed: a master and a server with
+the administrator's token, then the ``gcache tenant`` block (two tenants, their tokens, each one's
+own ``"k"``, quotas changed, a revocation and a removal)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "operations" / "tenants.md"
 sys.path.insert(0, str(ROOT / "connectors"))
 from engine_testing.readme import (  # noqa: E402
     Shell,
@@ -36,12 +37,12 @@ def remove_files() -> None:
 
 def test_the_two_tenant_set_up_runs_as_printed(tmp_path):
     remove_files()
-    daemons = Shell(readme_block(ROOT / "README.md", "tenants-daemons"),
+    daemons = Shell(readme_block(PAGE, "tenants-daemons"),
                     tmp_path / "daemons.log", env=activated())
     try:
         daemons.wait_for("gcache-server ready", 60)
         daemons.wait_for("membership.registered", 30)
-        done = subprocess.run(["bash", "-c", readme_block(ROOT / "README.md", "tenants")],
+        done = subprocess.run(["bash", "-c", readme_block(PAGE, "tenants")],
                               env=dict(os.environ, **activated()), capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr + daemons.log()
