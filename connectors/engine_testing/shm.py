@@ -112,15 +112,20 @@ class GroupFiles:
         inodes = _inodes(n for n in names() if is_engine_file(n))
         self.seen.update(inodes[i] for i in _used_inodes(_pids(self.pgid)) if i in inodes)
 
-    def end(self, proc: subprocess.Popen) -> list[str]:
-        """Kill the group (``proc`` leads it; it may be gone already) at once and ``remove``
-        its files. A SIGTERM would add nothing: SGLang's launch_server takes its scheduler's
-        death by the signal for a crash and sleeps 5 s, and the same files are left."""
+    def kill(self) -> None:
+        """SIGKILL what is left of the group, once its files are collected. A SIGTERM would
+        add nothing: SGLang's launch_server takes its scheduler's death by the signal for a
+        crash and sleeps 5 s, and the same files are left."""
         self.collect()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(self.pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    def end(self, proc: subprocess.Popen) -> list[str]:
+        """Kill the group (``proc`` leads it; it may be gone already) at once and ``remove``
+        its files."""
+        self.kill()
         proc.wait(timeout=30)
         return self.remove()
 

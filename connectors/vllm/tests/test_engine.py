@@ -13,10 +13,9 @@ import itertools
 import json
 import os
 import pathlib
-import sys
 
 import pytest
-from engine_testing.shm import run_group
+from engine_testing.forkserver import Forkserver
 from engine_testing.tiny_models import (
     CORPUS,
     gemma3,
@@ -35,6 +34,7 @@ BLOCK = 32                      # the CPU attention kernel wants multiples of 32
 NEW_TOKENS = 12
 LOGPROB_TOLERANCE = 2e-3        # vLLM's CPU kernels against transformers, both fp32
 RUNNER = pathlib.Path(__file__).with_name("run_engine.py")
+CONNECTORS = pathlib.Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -44,17 +44,30 @@ GROUPS = {"llama": ["FullAttentionSpec"], "gpt-oss": ["SlidingWindowSpec", "Full
           "gemma3-full-first": ["FullAttentionSpec", "SlidingWindowSpec"]}
 
 
-CACHE_ROOT = pathlib.Path("/nonexistent")     # set for the module by ``vllm_cache``
+ENV: dict[str, str] = {}                      # set for the module by ``engine_processes``
+FORKSERVER: Forkserver | None = None
 
 
 @pytest.fixture(scope="module", autouse=True)
-def vllm_cache(tmp_path_factory):
-    """One ``VLLM_CACHE_ROOT`` for every engine of the module: vLLM inspects a model's class in
-    a subprocess (about 20 s on these machines) and keeps what it learned there, so with a cache
-    per engine every first run of a test paid it again. Nothing in it depends on weights or KV."""
-    global CACHE_ROOT
-    CACHE_ROOT = tmp_path_factory.mktemp("vllm-cache")
-    yield CACHE_ROOT
+def engine_processes(tmp_path_factory):
+    """Every engine of the module is forked from one process that imported vLLM
+    (``engine_testing.forkserver``: 12-16 s of CPU an engine less), with one
+    ``VLLM_CACHE_ROOT``: vLLM inspects a model's class in a subprocess (about 20 s on these
+    machines) and keeps what it learned there, so with a cache per engine every first run of a
+    test paid it again. Nothing in it depends on weights or KV."""
+    global FORKSERVER
+    root = tmp_path_factory.mktemp("vllm-cache")
+    ENV.update(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(root),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(CONNECTORS),
+                                                        os.environ.get("PYTHONPATH")])))
+    FORKSERVER = Forkserver(["vllm", "vllm.config", "vllm.v1.engine.core", "gcache_vllm.connector"],
+                            env=ENV, log=root / "forkserver.log")
+    try:
+        yield
+    finally:
+        FORKSERVER.close()
+        FORKSERVER = None
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +102,11 @@ def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
     ``conversation``, ``new_tokens``, ``async_load_tokens``, ``kill_on_load``)."""
     spec = {"model": str(model), "servers": servers, "prompts": prompts, "policy": policy,
             "tp": tp, "block_size": BLOCK, "new_tokens": NEW_TOKENS, **more}
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(CACHE_ROOT))
+    env = dict(ENV)
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp))
-    with open(log, "w") as out:
-        returncode = run_group([sys.executable, str(RUNNER), json.dumps(spec)], stdout=out,
-                               env=env, timeout_s=600)
+    assert FORKSERVER is not None
+    returncode = FORKSERVER.run(RUNNER, [json.dumps(spec)], env=env, log=log, timeout_s=600)
     text = log.read_text(errors="replace")
     assert returncode == 0, text[-4000:]
     line = next(x for x in text.splitlines() if x.startswith("RESULT "))
