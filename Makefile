@@ -191,8 +191,9 @@ soak: $(STAMP)
 
 # On a one-GPU host with CUDA torch (no vLLM, no SGLang, no network): every requires_gpu test
 # (the SDK's CUDA tensors over shared memory, TCP and NIXL, the vLLM worker's gather/scatter and
-# staging on CUDA), bench/gpu_copy.py's GB/s against torch's pinned copies and
-# bench/engine_gpu.py's GCache hit on CUDA blocks, phase by phase. GCache runs from the source
+# staging on CUDA; with vLLM 0.33 in wheelhouse/, from make gpu-wheels GPU_VLLM=1, two engines
+# through vLLM's offloading with GCacheTier), bench/gpu_copy.py's GB/s against torch's pinned
+# copies and bench/engine_gpu.py's GCache hit on CUDA blocks, phase by phase. GCache runs from the source
 # tree; its pure-Python dependencies (and NIXL) install from wheelhouse/ when it is there (make
 # gpu-wheels fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the
 # tests, 5 for the benchmarks.
@@ -206,7 +207,9 @@ gpu-check:
 	  install -q --no-index --find-links wheelhouse -r tests/gpu/requirements.txt && \
 	  { $(GPU_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-index \
 	  --find-links wheelhouse --no-deps nixl-cu12==1.5.1 || \
-	  echo "no nixl-cu12 wheel in wheelhouse/: the NIXL GPU tests skip"; }; fi
+	  echo "no nixl-cu12 wheel in wheelhouse/: the NIXL GPU tests skip"; } && \
+	  { ! ls wheelhouse/vllm-0.33.0-*.whl >/dev/null 2>&1 || $(GPU_VENV)/bin/python -m pip \
+	  --disable-pip-version-check install -q --no-index --find-links wheelhouse vllm==0.33.0; }; fi
 	$(GPU_VENV)/bin/python -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__, torch.cuda.get_device_name())'
 	$(GPU_PATH) timeout 480 $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 	  -m requires_gpu tests/gpu tests/integration/test_same_host.py
@@ -218,6 +221,8 @@ gpu-wheels:
 	  --python-version $(GPU_PYVER) -r tests/gpu/requirements.txt
 	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \
 	  --python-version $(GPU_PYVER) --no-deps nixl-cu12==1.5.1
+	if [ -n "$(GPU_VLLM)" ]; then python3 -m pip --disable-pip-version-check download -q \
+	  -d wheelhouse --only-binary=:all: --python-version $(GPU_PYVER) vllm==0.33.0; fi
 
 # The Redis baseline of bench/dataplane.py needs Debian's redis-server.
 redis:
