@@ -238,7 +238,7 @@ def _copy_failed(d: Dispatcher, link: Link, extent: Extent, exc: TransportError)
         reason = "timeout" if isinstance(exc, IOTimeout) else "protocol"
     d.stats.miss(reason, 1)
     log.warning("sdk.copy_failed server=%s bytes=%d reason=%s detail=%s", link.address,
-                extent.length, reason, exc)
+                extent.length, reason, str(exc))    # not exc: as in Dispatcher._failed
 
 
 def _finish_puts(d: Dispatcher, link: Link, idx: list[int],
@@ -273,7 +273,7 @@ def call_staged(d: Dispatcher, address: str | None,
 def _no_staging(d: Dispatcher, n_keys: int, exc: Exception) -> list[Miss]:
     """Misses for CUDA buffers that found no pinned staging within the IO timeout."""
     d.stats.miss("staging", n_keys)
-    log.warning("sdk.miss reason=staging detail=%s", exc)
+    log.warning("sdk.miss reason=staging detail=%s", str(exc))    # as in Dispatcher._failed
     return [MISS] * n_keys
 
 

@@ -215,5 +215,8 @@ class Dispatcher:
         reason = error_miss(exc)
         self.stats.miss(reason, n_keys)
         level = logging.ERROR if reason == "auth" else logging.WARNING   # misconfigured, not lost
-        log.log(level, "sdk.miss server=%s reason=%s detail=%s", address, reason, exc)
+        # The message, never the exception: a handler that keeps records (pytest's log capture,
+        # a MemoryHandler) would keep its traceback, whose frames hold the caller's buffers (a
+        # CPU tier of vLLM's that could then not be unmapped), long after the call returned.
+        log.log(level, "sdk.miss server=%s reason=%s detail=%s", address, reason, str(exc))
         return MISS
