@@ -8,8 +8,11 @@ Layout, so that every byte crosses a process boundary as GCache's do: a ``moonca
 (with its HTTP metadata server), a ``mooncake_client`` process that holds the storage segment,
 and this process as a client that mounts no segment (``global_segment_size`` 0) and moves
 values through registered buffers (``upsert_from``, ``get_into``, ``batch_get_into``; ``get``
-returns bytes). ``upsert_from`` rather than ``put_from`` because Mooncake refuses a put of a
-key that exists, and GCache's put replaces it. Both processes are ours and are stopped by PID.
+returns bytes). The workload is ``bench/steady.py``'s: a 1 GB storage segment filled past its
+size first, then rounds of deletes, puts and reads over a working set of distinct values;
+medians and spreads over the rounds. ``upsert_from`` rather than ``put_from`` because Mooncake
+refuses a put of a key that exists, and GCache's put replaces it. Both processes are ours and
+are stopped by PID.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import threaded_gbps
+import steady
 
 MiB = 1 << 20
 
@@ -91,62 +94,62 @@ class MooncakeCluster:
         return store, probe
 
 
-def figures(store, size: int, repeat: int, total_bytes: int) -> dict[str, float]:
-    """The rows ``bench/dataplane.py`` measures for GCache, same keys, sizes and threads."""
-    keys = [f"bench/{size}/{i}" for i in range(16)]
-    # one registration for all buffers: Mooncake refuses regions that overlap, and separate
-    # allocations may share a page
-    block = np.empty(65 * size, dtype=np.uint8)
-    assert store.register_buffer(block.ctypes.data, block.nbytes) == 0
-    value = block[:size]
-    value[:] = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    outs = [[block[(1 + 16 * t + j) * size:(2 + 16 * t + j) * size] for j in range(16)]
-            for t in range(4)]
-    for k in keys:
-        assert store.upsert_from(k, value.ctypes.data, size) == 0
-    ops = max(8, total_bytes // size)
-    result: dict[str, float] = {}
+class MooncakeStore:
+    """A Mooncake client as a ``steady.Store``, moving values through ``block`` (registered
+    once: Mooncake refuses regions that overlap, and separate allocations may share a page)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        assert self.store.upsert_from(key, value.ctypes.data, value.nbytes) == 0, f"put {key}"
+
+    def get(self, key: str) -> int:
+        return len(self.store.get(key))
+
+    def get_into(self, key: str, out: np.ndarray) -> int:
+        return self.store.get_into(key, out.ctypes.data, out.nbytes)
+
+    def batch_get_into(self, keys, outs) -> list[int]:
+        return list(self.store.batch_get_into(list(keys), [o.ctypes.data for o in outs],
+                                              [o.nbytes for o in outs]))
+
+    def delete(self, key: str) -> None:
+        self.store.remove(key)
+
+
+def figures(store, size: int, args) -> dict[str, dict[str, float]]:
+    """The steady rounds ``bench/dataplane.py`` runs on GCache: same working set, same ops,
+    1 and 4 threads; spreads by row name."""
+    w = steady.Workload(size, max(16, args.working_set // size // 16 * 16), seed=size)
+    assert store.register_buffer(w.block.ctypes.data, w.block.nbytes) == 0
+    mooncake = MooncakeStore(store)
+    steady.fill(mooncake, w, args.fill)
+    result: dict[str, dict[str, float]] = {}
     for threads in (1, 4):
-        n = max(4, ops // threads)
-
-        def put(t: int, i: int) -> None:
-            assert store.upsert_from(keys[(t * 4 + i) % 16], value.ctypes.data, size) == 0
-
-        def get(t: int, i: int) -> None:
-            assert len(store.get(keys[(t * 4 + i) % 16])) == size
-
-        def get_into(t: int, i: int) -> None:
-            assert store.get_into(keys[(t * 4 + i) % 16], outs[t][0].ctypes.data, size) == size
-
-        def batch(t: int, i: int) -> None:
-            assert store.batch_get_into(keys, [o.ctypes.data for o in outs[t]],
-                                        [size] * 16) == [size] * 16
-
-        for name, op, per_op in (("put", put, size), ("get", get, size),
-                                 ("get_into", get_into, size),
-                                 ("batch_get_into16", batch, 16 * size)):
-            count = n if per_op == size else max(1, n // 16)
-            result[f"{name}_t{threads}"] = max(
-                threaded_gbps(threads, count, per_op, op) for _ in range(repeat))
-    assert bytes(store.get(keys[0])) == value.tobytes()
+        result.update(steady.rounds(mooncake, w, rounds=args.rounds, threads=threads))
     store.remove_all()
-    store.unregister_buffer(block.ctypes.data)
+    store.unregister_buffer(w.block.ctypes.data)
     return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--bytes-per-run", type=int, default=256 * MiB)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--working-set", type=int, default=256 * MiB)
+    parser.add_argument("--fill", type=int, default=1280 * MiB,
+                        help="bytes put before the rounds (the storage segment is 1 GiB)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as logs, \
-            MooncakeCluster(logs) as cluster:
+            MooncakeCluster(logs, segment="1 GB") as cluster:
         store, _probe = cluster.store()
         try:
-            report = {f"{size // MiB}MiB": figures(store, size, args.repeat, args.bytes_per_run)
-                      for size in (MiB, 4 * MiB)}
+            spreads = {f"{size // MiB}MiB": figures(store, size, args) for size in (MiB, 4 * MiB)}
         finally:
             store.close()
+    report: dict = {size: {op: s["median"] for op, s in rows.items()
+                           if not op.startswith("batch_x_")} for size, rows in spreads.items()}
+    report["spread"] = spreads
     print(json.dumps(report))
     return 0
 
