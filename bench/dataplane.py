@@ -275,8 +275,9 @@ def mooncake_figures(args: argparse.Namespace) -> dict | None:
                            str(parse_size(args.working_set)), "--fill",
                            str(int(parse_size(args.memory) * args.fill))],
                           capture_output=True, text=True, timeout=1800, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench/mooncake_store.py failed:\n{done.stderr[-3000:]}")
+    if done.returncode != 0:                # a baseline's failure costs its rows, not the run
+        print(f"bench/mooncake_store.py failed: no Mooncake baseline\n{done.stderr[-3000:]}")
+        return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
