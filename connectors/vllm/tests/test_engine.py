@@ -106,7 +106,8 @@ def run(model: pathlib.Path, servers: list[str], prompts: list[list[int]], *,
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(tp))
     assert FORKSERVER is not None
-    returncode = FORKSERVER.run(RUNNER, [json.dumps(spec)], env=env, log=log, timeout_s=600)
+    returncode = FORKSERVER.run([str(RUNNER), json.dumps(spec)], env=env, log=log,
+                                timeout_s=600)
     text = log.read_text(errors="replace")
     assert returncode == 0, text[-4000:]
     line = next(x for x in text.splitlines() if x.startswith("RESULT "))
