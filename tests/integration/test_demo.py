@@ -19,7 +19,7 @@ TRACE = "data/traces/conversation_trace.jsonl"
 # At half the full-layer working set the SWA-masked store evicts nothing on these requests
 # (it writes under a third of it), so the cluster must hit exactly what the model hits, while
 # full-layer storage evicts. Under eviction the two differ by a few points (per-layer objects,
-# per-server budgets, the pressure each one reads): the README's `make run` section.
+# per-server budgets, the pressure each one reads): docs/getting-started.md's `make run` section.
 CONVERSATIONS, BUDGET = 6, 0.5
 
 
