@@ -28,7 +28,7 @@ from gcache.proto import master_pb2 as pb
 from gcache.server.cold_store import ColdStore
 from gcache.server.handler import ConnectionHandler
 from gcache.server.handoff import Handoff
-from gcache.server.huge_pages import huge_page_bytes
+from gcache.server.huge_pages import huge_page_bytes, small_pages_reason
 from gcache.server.membership import Membership, load_or_create_id
 from gcache.server.mutable_keys import MutableKeys
 from gcache.server.reclaim import Laggards
@@ -134,16 +134,19 @@ class DataServer:
             self.membership.start()
 
     def _log_pages(self) -> None:
-        """Say once whether the arena is on huge pages: remote readers (NIXL, a NIC's
-        translation entries) pay per page, and only the mount decides (docs/rdma.md)."""
+        """Say once whether the arena is on huge pages, and if not why: remote readers (NIXL,
+        a NIC's translation entries) and copies pay per page, and the arena asked for huge
+        pages (madvise) itself, so only the mount or the kernel can have refused them."""
         arena = self.tier.arena
         huge, resident = huge_page_bytes(arena.address)
         share = huge / resident if resident else 0.0
-        log.info("arena.pages path=%s huge_share=%.2f resident=%d", arena.path, share, resident)
-        if self.config.nixl and resident and share < 0.5:
-            log.info("arena.small_pages path=%s: NIXL readers pin it 4 KiB at a time; an "
-                     "--arena-dir on a tmpfs mounted huge=within_size reads several times "
-                     "faster (docs/rdma.md)", arena.path)
+        if not resident or share >= 0.5:
+            log.info("arena.pages path=%s huge_share=%.2f resident=%d", arena.path, share,
+                     resident)
+            return
+        log.info("arena.pages path=%s huge_share=%.2f resident=%d small_pages=\"%s\": an "
+                 "--arena-dir on a tmpfs mounted huge=within_size avoids them (docs/rdma.md)",
+                 arena.path, share, resident, small_pages_reason(arena.path))
 
     def _membership(self, shm_name: str) -> Membership:
         places = [os.path.join(d, f"{shm_name}.id")
