@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from render_dataplane import target_cell
+
 PAGES = "docs/benchmarks"
 
 
@@ -58,13 +60,19 @@ def _sglang(report: dict[str, Any]) -> list[str]:
 
 
 def _dataplane(report: dict[str, Any]) -> list[str]:
+    """One line per transport: 4 MiB ``get_into`` on the steady-state server (full, evicting,
+    ``--memory`` only), the median over rounds against its limit and its target."""
     out = []
+    rounds = report["setup"]["rounds"]
     for transport, name in (("shm", "shared memory"), ("tcp", "TCP"), ("nixl", "NIXL")):
-        row = report["ratios"].get(f"{transport} get_into_t1@4MiB")
+        key = f"{transport} get_into_t1@4MiB"
+        row = report["ratios"].get(key)
         if row is None:
             continue
-        out.append(f"| SDK `get_into` of 4 MiB over {name}, one thread | {row['gbps']:.1f} GB/s, "
-                   f"{row['x_limit']:.2f}× {row['limit']} | {report['date']} | "
+        out.append(f"| SDK `get_into` of 4 MiB over {name}, one thread, from a server kept "
+                   f"full (puts evict; default set-up, median of {rounds} rounds) | "
+                   f"{row['gbps']:.2f} GB/s, {row['x_limit']:.2f}× {row['limit']} in the same "
+                   f"run; target {target_cell(key, row)} | {report['date']} | "
                    f"[data plane]({PAGES}/data-plane.md) |")
     return out
 

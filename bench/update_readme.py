@@ -16,78 +16,12 @@ import os
 import re
 import sys
 
-import c_sdk
-from dataplane import small_page_lines
+from render_dataplane import render_dataplane
 from render_engine import render_engine, render_engine_sglang
 from render_headline import PAGES, render_headline
 from render_replay import render_replay, render_replay_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def arena_place(arena: str) -> str:
-    if arena == "tmpfs huge=within_size":
-        return "on a tmpfs mounted `huge=within_size` (docs/rdma.md)"
-    return f"in {arena}"
-
-
-def render_dataplane(report: dict) -> str:
-    limits, gcache = report["limits"], report["gcache"]
-    lines = [
-        f"Measured {report['date']} by `make bench` on {report['cpus']} CPUs, Python "
-        f"{report['python']}: one `gcache-server` on loopback, the client in another process, "
-        "forced to TCP, to shared memory and to NIXL (where installed); best of "
-        f"{report.get('repeat', 3)} runs for every figure, limits included; the server's arena "
-        f"{arena_place(report.get('arena', '/dev/shm'))}.",
-        "",
-        f"Limits in the same run: memcpy {limits['memcpy_gbps']:.2f} GB/s (two threads at once "
-        f"{limits['memcpy_2threads_gbps']:.2f}); raw loopback socket "
-        f"{limits['raw_socket_1MiB_gbps']:.2f} GB/s (1 MiB) and "
-        f"{limits['raw_socket_4MiB_gbps']:.2f} GB/s (4 MiB); Redis GET "
-        f"{limits.get('redis_get_4MiB_gbps', float('nan')):.2f} / SET "
-        f"{limits.get('redis_set_4MiB_gbps', float('nan')):.2f} GB/s (4 MiB)"
-        + (f"; bare NIXL between two processes, one 4 MiB transfer at a time: READ "
-           f"{limits['nixl_bare_read_4MiB_gbps']:.2f}, WRITE "
-           f"{limits['nixl_bare_write_4MiB_gbps']:.2f} GB/s" if "nixl_bare_read_4MiB_gbps"
-           in limits else "")
-        + ". TCP rows are ratios to the raw socket (and Redis, and Mooncake Store over TCP "
-        "where measured: master, a storage process and a client that mounts no segment, "
-        "`bench/mooncake_store.py`), shared-memory rows to memcpy, NIXL rows to the bare NIXL "
-        "loop (READ for gets, WRITE for puts).",
-        "",
-        "| transport | operation | client threads | size | GB/s | × limit | × Redis "
-        "| × Mooncake |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, row in report["ratios"].items():
-        transport, rest = name.split(" ", 1)
-        op, size = rest.split("@")
-        op, threads = op.rsplit("_t", 1)
-        redis, mooncake = (f"{row[k]:.2f}" if k in row else "–"
-                           for k in ("x_redis", "x_mooncake"))
-        lines.append(f"| {transport} | {op} | {threads} | {size} | {row['gbps']:.2f} | "
-                     f"{row['x_limit']:.2f} × {row['limit']} | {redis} | {mooncake} |")
-    lines.append("")
-    tcp = gcache["tcp/4MiB"]
-    lines.append("- TCP `batch_get_into` of 16 × 4 MiB against 16 single `get_into`s: "
-                 + ", ".join(f"{tcp[f'batch_get_into16_t{t}'] / tcp[f'get_into_t{t}']:.2f}× "
-                             f"({t} thread{'s' if t > 1 else ''})" for t in (1, 4)) + ".")
-    for transport in ("tcp", "shm"):
-        lat = gcache[f"{transport}/get_into_64KiB_latency"]
-        lines.append(f"- 64 KiB `get_into` over {transport}: p50 {lat['p50_ms']:.3f} ms, "
-                     f"p99 {lat['p99_ms']:.3f} ms.")
-    lines.append(f"- Raw socket 64 KiB round trip: p50 "
-                 f"{limits['raw_socket_64KiB_rtt_p50_ms']:.3f} ms.")
-    lines.extend(f"- {line}." for line in small_page_lines(gcache))
-    lines.extend(f"- {line}." for line in c_sdk.lines(report))
-    scaling = gcache["shm/batch_scaling"]
-    lines.append(f"- `batch_get_into` of 16 × 4 MiB over shared memory: "
-                 f"{scaling['io_threads_1_gbps']:.2f} GB/s with 1 IO thread, "
-                 f"{scaling['io_threads_2_gbps']:.2f} GB/s with 2 "
-                 f"({scaling['io_threads_2_gbps'] / scaling['io_threads_1_gbps']:.2f}×; two "
-                 f"memcpy threads reach "
-                 f"{limits['memcpy_2threads_gbps'] / limits['memcpy_gbps']:.2f}× here).")
-    return "\n".join(lines)
 
 
 def render_tiers(report: dict) -> str:
