@@ -20,8 +20,10 @@ into ``gcache.kv.LayeredPages`` calls.
   (the window state exists there), so of the ``swa`` pages SGLang hands over with a node only
   the window tail before the node's end is stored; ``lookup`` reports only prefix lengths whose
   window tail is stored for every sliding layer (``gcache.kv.restorable_prefixes``, the
-  window-safe rule), never a pseudo-hit. Such lookups are off by default
-  (``serve_sliding_loads``): the model computes, its nodes still stored.
+  window-safe rule), never a pseudo-hit. Where the engine's attention backend reads sliding
+  layers at full-pool slot numbers (SGLang 0.5.23's ``torch_native``: ``sliding_reads``) a
+  loaded window would be read from the wrong slots, so there such lookups miss and the model
+  computes, its nodes still stored.
 - Namespace: the model path, the weights' fingerprint (``gcache.kv.weights_fingerprint``, when
   the model is a local directory), the pipeline and context-parallel stage, the tenant
   (``gcache_namespace``) and, per layer pool, its byte format and the tensor-parallel rank.
@@ -71,6 +73,7 @@ from gcache_sglang._compat import (
 )
 from gcache_sglang.linker_pools import KV, SWA, DevicePools, LayerBuffers
 from gcache_sglang.load_counter import TimedLoadCounter, batch_id
+from gcache_sglang.sliding_reads import MISREADING, refusal
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +93,9 @@ def _name(pool: Any) -> str:
 class GCacheLinker(UnifiedCacheLinker):
     """SGLang ``UnifiedCacheLinker`` over a GCache cluster (module docstring)."""
 
-    # Whether lookups on a sliding-window model report hits. Off: on SGLang 0.5.23's CPU
-    # engine a Gemma 4 prefix loaded at a window-safe boundary gave other greedy tokens than
-    # computing it (test_linker_engine.py), cause not yet found, and a wrong answer is worse
-    # than a miss; such a model computes, its nodes still stored. The interface tests turn it
-    # on to keep the window-safe rule checked until the cause is fixed.
-    serve_sliding_loads = False
+    # Attention backends on which a sliding-window model's lookups miss: they would read a
+    # loaded window from the wrong slots (sliding_reads), and a wrong answer is worse than a miss.
+    misreading_backends = MISREADING
 
     def __init__(self, server_args: Any, params: Any, *, components: Any,
                  extra_config: dict | None = None, forward_stream: Any = None) -> None:
@@ -116,6 +116,11 @@ class GCacheLinker(UnifiedCacheLinker):
         if ComponentType.SWA in set(components) and SWA not in self.device_pools.by_pool:
             raise ValueError(f"gcache linker: the tree has a sliding-window component but the "
                              f"{self.device_pools.kind} pool has no sliding layers")
+        # why sliding-window loads are not served here (None: they are, or there are none)
+        self.sliding_loads_off = refusal(server_args, self.misreading_backends) \
+            if SWA in self.device_pools.by_pool else None
+        if self.sliding_loads_off:
+            log.warning("gcache linker: sliding-window loads off: %s", self.sliding_loads_off)
         window = getattr(params, "swa_retain_window", None) or 0
         self.window_pages = math.ceil(window / self.page_size) if window else 0
         # the wrapper reads which pools a linker stores from this mapping's keys
@@ -192,7 +197,7 @@ class GCacheLinker(UnifiedCacheLinker):
         full = [layer.name for layer in layers if layer.pool == KV]
         kv_pages = leading([all(found[name][i] for name in full) for i in range(len(keys))])
         restorable = list(range(1, kv_pages + 1))
-        if SWA in self.device_pools.by_pool and not self.serve_sliding_loads:
+        if self.sliding_loads_off:
             self._count("lookups")
             return []
         if SWA in by_name and SWA in self.device_pools.by_pool and kv_pages:

@@ -52,9 +52,10 @@ def launch_config(servers: list[str], **settings) -> dict:
 
 
 def make_linker(servers: list[str], pool, model: pathlib.Path, *, window: int | None = None,
-                module: str | None = None, **settings):
+                module: str | None = None, attention_backend: str | None = None, **settings):
     """The linker as SGLang's worker builds it: the launch config checked by SGLang's parser,
-    then ``create_unified_cache_linker`` with the ``dynamic`` backend."""
+    then ``create_unified_cache_linker`` with the ``dynamic`` backend. ``attention_backend``:
+    the engine's (SGLang's runtime context is not published here, so the server args say it)."""
     config = launch_config(servers, **settings)
     if module is not None:
         config["linker_module_path"] = module
@@ -65,7 +66,8 @@ def make_linker(servers: list[str], pool, model: pathlib.Path, *, window: int | 
                              pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
                              swa_retain_window=window, attn_tp_cache_group=None,
                              tp_cache_group=None)
-    return create_unified_cache_linker(SimpleNamespace(model_path=str(model)), params,
+    server_args = SimpleNamespace(model_path=str(model), attention_backend=attention_backend)
+    return create_unified_cache_linker(server_args, params,
                                        backend="dynamic", config=config,
                                        components=components, forward_stream=None)
 

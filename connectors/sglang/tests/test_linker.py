@@ -87,7 +87,9 @@ def test_pages_come_back_layer_by_layer_into_a_fresh_pool(cluster, model, linker
 
 def test_a_sliding_window_model_reports_only_window_safe_prefixes(cluster, model, linkers):
     """Layers 0 and 2 slide over 32 tokens (2 pages): a prefix of b pages is restorable only
-    when the sliding layers' pages b-2 and b-1 are stored, whatever the full layers hold."""
+    when the sliding layers' pages b-2 and b-1 are stored, whatever the full layers hold. On
+    SGLang's torch_native attention, which would read a loaded window from the wrong slots
+    (gcache_sglang.sliding_reads), every such lookup misses."""
     source, target = swa_pool(), swa_pool()
     writer = linkers(cluster.addresses, source, model, window=WINDOW)
     keys = keys_of(6, seed=2)
@@ -98,9 +100,16 @@ def test_a_sliding_window_model_reports_only_window_safe_prefixes(cluster, model
     assert offload(writer, [kv(keys[:3], slots(1, 3)), swa(keys[1:3], slots(2, 2))])
     assert offload(writer, [kv(keys[3:], slots(4, 3)), swa(keys[4:], slots(5, 2))])
 
-    reader = linkers(cluster.addresses, target, model, window=WINDOW)
-    assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == []     # off by default
-    reader.serve_sliding_loads = True
+    misread = linkers(cluster.addresses, swa_pool(), model, window=WINDOW,
+                      attention_backend="torch_native")
+    assert "torch_native" in misread.sliding_loads_off
+    assert misread.lookup("r", [kv(keys), swa(keys[-2:])]) == []
+    # a full-attention model loads on that backend: its reads need no translation
+    assert linkers(cluster.addresses, mha_pool(), model,
+                   attention_backend="torch_native").sliding_loads_off is None
+
+    reader = linkers(cluster.addresses, target, model, window=WINDOW, attention_backend="fa3")
+    assert reader.sliding_loads_off is None
     assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == [3, 6]
     assert reader.lookup("r", [kv(keys[:5]), swa(keys[3:5])]) == [3]   # not 4 or 5
     landed, _ = load(reader, "r", [kv(keys[:3], slots(30, 3)), swa(keys[1:3], slots(10, 2))])
@@ -118,7 +127,6 @@ def test_a_node_stores_only_the_window_tail_of_its_sliding_pages(cluster, model,
     assert offload(writer, [kv(keys, slots(1, 6)), swa(keys, slots(1, 6))])
     assert writer.counters["swa_pages_skipped"] == 4
     reader = linkers(cluster.addresses, swa_pool(), model, window=WINDOW)
-    reader.serve_sliding_loads = True
     assert reader.lookup("r", [kv(keys), swa(keys[-2:])]) == [6]       # the node's end only
 
 

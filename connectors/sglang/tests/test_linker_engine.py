@@ -7,10 +7,12 @@ straight into its KV pool: the request reports the loaded tokens (SGLang counts 
 as ``host`` in ``cached_tokens_details``) and answers with A's greedy tokens, which are Hugging
 Face ``transformers``' on the same weights (fp32).
 
-A sliding-window model is not loaded through the linker (``GCacheLinker.serve_sliding_loads``
-is off: a Gemma 4 prefix loaded at a window-safe boundary answered wrong, cause not found);
-``test_linker.py`` checks that its lookups miss. Once loads are on again, the engine test to add
-is B loading a branch at the window-safe boundary and answering Hugging Face's tokens.
+A sliding-window model (Gemma 4) loads the same way, at window-safe boundaries. SGLang's CPU
+attention on this machine (``torch_native``: no AMX) reads sliding layers at the wrong slots
+after any load (``gcache_sglang.sliding_reads``), and the linker serves no sliding load there
+(``test_linker.py``); so that test's engines run a test linker
+(``plugins/sliding_reads_linker.py``) that makes those reads go through SGLang's own mapping,
+as its ``intel_amx`` backend does, the linker itself unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 import urllib.error
 
 import pytest
-from engine_testing.tiny_models import hf_greedy, llama, prompt_ids
+from engine_testing.tiny_models import gemma4, hf_greedy, llama, prompt_ids
 
 from gcache.cli.local_cluster import LocalCluster
 from gcache.sdk import Client
@@ -130,3 +132,35 @@ def test_a_fresh_engine_loads_the_prefix_and_a_server_killed_mid_load_aborts_one
     again = b.generate(ids, NEW_TOKENS)
     assert again["output_ids"] == reference
     assert b.request("GET", "/health") is not None
+
+
+@pytest.fixture(scope="module")
+def gemma_model(tmp_path_factory):
+    path = gemma4(tmp_path_factory.mktemp("models") / "tiny-gemma4", window=32)
+    ids = prompt_ids(path)
+    branch = ids[:160] + [7, 9, 11, 13] * 5           # shares 10 pages with ``ids``
+    return path, ids, hf_greedy(path, ids, NEW_TOKENS), branch, hf_greedy(path, branch,
+                                                                           NEW_TOKENS)
+
+
+def test_a_fresh_engine_loads_a_sliding_window_prefix_at_a_window_safe_boundary(
+        gemma_model, gcache, engines):
+    """Gemma 4 (sliding and full layers alternate, window 32 tokens = 2 pages). A stores its
+    nodes: pages 0-5 (a first request ends a node there) and 6 on, the sliding layers only
+    each node's last two pages. B's branch shares 10 pages with A's prompt; GCache holds the
+    full layers of all 10 but the sliding window only before page 6, so B loads 6 pages (the
+    window-safe boundary), computes the rest, and answers Hugging Face's tokens."""
+    path, ids, reference, branch, branch_reference = gemma_model
+    plugin = {"linker": linker_config(gcache, "sliding_reads_linker", "TranslatedReadsLinker"),
+              "env": {"PYTHONPATH": str(PLUGINS)}}
+    a = engines(path, gcache.addresses, **plugin)
+    a.generate(ids[:100], NEW_TOKENS)                # node boundary at 6 pages
+    assert a.generate(ids, NEW_TOKENS)["output_ids"] == reference
+    settle(gcache, 2 * 2 * (len(ids) // PAGE))
+    a.stop()
+
+    b = engines(path, gcache.addresses, **plugin)
+    got = b.generate(branch, NEW_TOKENS)
+    assert hits(b)[-1] == (6, len(branch) // PAGE, 10)
+    assert got["meta_info"]["cached_tokens_details"] == {"device": 0, "host": 6 * PAGE}
+    assert got["output_ids"] == branch_reference
