@@ -30,7 +30,8 @@ from collections.abc import Iterable
 from typing import IO
 
 SHM = "/dev/shm"
-ENGINE_FILES = ("psm_", "sem.", "sglang_", "sgl_shm_")
+# vllm_offload_*.mmap: the CPU tier of vLLM's OffloadingConnector (GCacheTier sits under it)
+ENGINE_FILES = ("psm_", "sem.", "sglang_", "sgl_shm_", "vllm_offload_")
 SETTLE_S = 5.0          # a killed group's processes finish exiting, a resource tracker unlinks
 
 
