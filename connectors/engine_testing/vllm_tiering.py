@@ -49,11 +49,17 @@ def transfer_config(tier: dict, *, cpu_bytes: int = 1 << 21) -> dict:
                                           "secondary_tiers": [tier]}}
 
 
-def build_manager(config: dict, *, model: str = "gcache-test/tiny", events: bool = False,
-                  heads: int = HEADS, head_dim: int = HEAD_DIM, sliding: bool = True):
-    """vLLM's ``TieringOffloadingManager`` from ``config``, for a model of one full-attention
+def build_manager(config: dict, **model):
+    """vLLM's ``TieringOffloadingManager`` from ``config`` (``build_spec``'s model)."""
+    return build_spec(config, **model).get_manager()
+
+
+def build_spec(config: dict, *, model: str = "gcache-test/tiny", events: bool = False,
+               heads: int = HEADS, head_dim: int = HEAD_DIM, sliding: bool = True):
+    """vLLM's ``TieringOffloadingSpec`` from ``config``, for a model of one full-attention
     layer and one sliding-window layer (two KV cache groups; one group with ``sliding``
-    off)."""
+    off). Its ``get_manager`` maps the CPU tier; a test of the tier alone builds the tier
+    from it with ``SecondaryTierFactory`` over memory of its own."""
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=head_dim,
                              dtype=torch.float16)
     groups = [KVCacheGroupSpec(["l0"] if sliding else ["l0", "l1"], full)]
@@ -81,7 +87,7 @@ def build_manager(config: dict, *, model: str = "gcache-test/tiny", events: bool
                                         kv_events_config=events_config,
                                         use_v2_model_runner=False)
     offloading = build_offloading_config(vllm_config, kv_cache_config)
-    return OffloadingSpecFactory.create_spec(offloading).get_manager()
+    return OffloadingSpecFactory.create_spec(offloading)
 
 
 def chunk_keys(n: int, *, seed: int, group: int = 0) -> list[OffloadKey]:
@@ -177,6 +183,14 @@ def promote(manager, req_id: str, keys: Sequence[OffloadKey]) -> dict:
     finally:
         view.release()
     return got
+
+
+def offload_mappings() -> set[str]:
+    """The CPU tiers (``vllm_offload_*`` files) this process maps now, from /proc/self/maps.
+    vLLM unmaps a tier at its manager's shutdown, or keeps it mapped, with a warning, while
+    a view of it is still exported: a tier that leaks a view shows here."""
+    with open("/proc/self/maps") as maps:
+        return {word for line in maps for word in line.split() if "vllm_offload_" in word}
 
 
 def tier_config(servers: Sequence[str], **extra) -> dict:

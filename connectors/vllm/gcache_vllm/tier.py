@@ -36,6 +36,7 @@ import gc
 import os
 import threading
 import time
+import traceback
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from queue import Empty, Queue
@@ -159,11 +160,18 @@ class GCacheTier(SecondaryTierManager):
 
     def _run(self, work: Any, job: TransferJob) -> None:
         began = time.perf_counter()
+        chunks: list[list[memoryview]] = []
         try:
-            done = work(job)
-        except Exception:
-            log.exception("gcache tier: job %d failed", job.job_id)
+            chunks = self._chunks(job)
+            done = work(job, chunks)
+        except Exception as exc:
+            # the traceback as text: a record that a handler keeps must not keep, through the
+            # frames, this job's views of the CPU tier (vLLM could not unmap it)
+            log.error("gcache tier: job %d failed: %s", job.job_id,
+                      "".join(traceback.format_exception(exc)))
             done = [False] * len(job.keys)
+        finally:
+            _release(job, chunks)
         keys = list(job.keys)
         ok = [key for key, landed in zip(keys, done) if landed]
         result = JobResult(job.job_id, len(ok) == len(keys),
@@ -173,14 +181,19 @@ class GCacheTier(SecondaryTierManager):
         self._finished.put((result, job))
 
     def _chunks(self, job: TransferJob) -> list[list[memoryview]]:
-        row = self.block_size_bytes
+        """Each chunk's row of the CPU tier. An id outside it fails the job (a slice would
+        quietly be short, and a short value stored under the chunk's key)."""
+        row, count = self.block_size_bytes, len(self._rows) // self.block_size_bytes
+        outside = [int(c) for c in job.chunk_ids if not 0 <= int(c) < count]
+        if outside:
+            raise ValueError(f"chunk ids {outside} outside the CPU tier's {count} chunks")
         return [[self._rows[int(c) * row:(int(c) + 1) * row]] for c in job.chunk_ids]
 
-    def _store(self, job: TransferJob) -> list[bool]:
-        return self.pages.write(POOL, [key.hex() for key in job.keys], self._chunks(job))
+    def _store(self, job: TransferJob, chunks: list[list[memoryview]]) -> list[bool]:
+        return self.pages.write(POOL, [key.hex() for key in job.keys], chunks)
 
-    def _load(self, job: TransferJob) -> list[bool]:
-        return self.pages.read(POOL, [key.hex() for key in job.keys], self._chunks(job))
+    def _load(self, job: TransferJob, chunks: list[list[memoryview]]) -> list[bool]:
+        return self.pages.read(POOL, [key.hex() for key in job.keys], chunks)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out = []
@@ -242,13 +255,27 @@ class GCacheTier(SecondaryTierManager):
 
     def shutdown(self) -> None:
         """Threads stopped, the client closed, and no view of the CPU tier left: vLLM unmaps
-        it after, and keeps it mapped (leaked) while any view is alive. A failed transfer's
-        views can sit in reference cycles (its exception's frames) until the collector runs."""
+        it after, and keeps it mapped (leaked) while any view is alive. Each job released its
+        own views when it ended (``_release``); the collector runs in case a reference cycle
+        still holds one of the tier's."""
         self._jobs.shutdown(wait=True)
         self.lookups.close()
         self.client.close()
         gc.collect()
         self._rows.release()
+
+
+def _release(job: TransferJob, chunks: list[list[memoryview]]) -> None:
+    """Let go of a finished job's views of the CPU tier. The rule: once a job is reported, the
+    tier neither writes into its chunks (vLLM reuses them) nor keeps them mapped. A view that
+    something still exports (a numpy array over it) breaks it: logged, as lost data would be."""
+    for chunk in chunks:
+        for view in chunk:
+            try:
+                view.release()
+            except BufferError:
+                log.error("gcache tier: a view of job %d's chunks is still exported after the job",
+                          job.job_id)
 
 
 def _namespace(spec: Any, row_bytes: int, namespace: str) -> dict[str, object]:

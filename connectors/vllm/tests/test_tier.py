@@ -15,6 +15,7 @@ from engine_testing.vllm_tiering import (
     build_manager,
     chunk_keys,
     look_up,
+    offload_mappings,
     promote,
     settle,
     steps,
@@ -41,7 +42,10 @@ def shared(tmp_path_factory):
 
 @pytest.fixture
 def managers():
+    """Managers a test builds, shut down after it; then none of their CPU tiers is still
+    mapped (a view the tier kept, or gave away, would keep it)."""
     made = []
+    mapped = offload_mappings()
 
     def make(*args, **kwargs):
         made.append(build_manager(*args, **kwargs))
@@ -50,6 +54,7 @@ def managers():
     yield make
     for manager in made:
         manager.shutdown()
+    assert offload_mappings() <= mapped, "a CPU tier is still mapped after its shutdown"
 
 
 def test_stores_cascade_and_a_fresh_engine_promotes_the_same_bytes(shared, managers):
@@ -101,11 +106,10 @@ def test_a_server_killed_before_the_promotion_fails_only_its_keys(cluster, manag
     assert tier.counters["failed_loads"] == 1
     with second.lock:                                          # what landed is whole
         spec = second.prepare_load(hits, ctx)
-        view = second.primary_tier.get_kv_memoryview().cast("B")
         size = tier.block_size_bytes
-        for key, chunk in zip(hits, spec.block_ids):
-            assert bytes(view[int(chunk) * size:(int(chunk) + 1) * size]) == written[key]
-        view.release()
+        with second.primary_tier.get_kv_memoryview().cast("B") as view:
+            for key, chunk in zip(hits, spec.block_ids):
+                assert bytes(view[int(chunk) * size:(int(chunk) + 1) * size]) == written[key]
         second.complete_load(hits, ctx)
     # the failed keys are not promoted again: MISS for this request, no loop
     missed = [k for k, r in zip(keys, final) if r == LookupResult.MISS]
