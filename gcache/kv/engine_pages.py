@@ -190,11 +190,13 @@ class EnginePages:
         reported present, so a failed part is usually a corrupted value (its checksum did not
         match) or one on an unreachable server; left in place, a corrupted part would block
         the page forever, because writes skip what exists. Deleting it lets the engine's
-        next save store the page again."""
-        for key, group in parts:
-            self.client.delete(key, group=group)
+        next save store the page again. Against a server that just failed the read, each
+        delete is an immediate miss (the SDK holds the server suspect), not another timeout;
+        ``deleted`` counts the parts actually removed."""
+        deleted = sum(self.client.delete(key, group=group) for key, group in parts)
         if parts:
-            log.warning("engine_pages.dropped_unreadable parts=%d", len(parts))
+            log.warning("engine_pages.dropped_unreadable parts=%d deleted=%d", len(parts),
+                        deleted)
 
     def clear(self) -> bool:
         """Move the namespace to a fresh generation (see the module docstring)."""
