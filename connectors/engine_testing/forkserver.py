@@ -51,6 +51,10 @@ class Child:
     def poll(self) -> int | None:
         return self.server.status(self.pid, 0.0)
 
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
     def wait(self, timeout: float | None = None) -> int:
         status = self.server.status(self.pid, timeout)
         if status is None:
@@ -159,6 +163,9 @@ def _child(request: dict, replies: int) -> None:
         os.close(null)
         os.environ.clear()
         os.environ.update(request["env"])
+        # what the engine's own PYTHONPATH would have put on its path (the server's is there)
+        sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                        if p and p not in sys.path]
         argv = request["argv"]
         if argv[0] == "-m":                          # as ``python -m`` sets them
             sys.argv, sys.path[:0] = [argv[1], *argv[2:]], [os.getcwd()]

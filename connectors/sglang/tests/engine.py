@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
+from engine_testing.forkserver import Child, Forkserver
 from engine_testing.shm import GroupFiles, names
 
 from gcache.cli.ports import free_port
@@ -28,13 +29,14 @@ class Engine:
     """``python -m sglang.launch_server`` on CPU with HiCache (and, unless ``attach_later``,
     our backend), or, given ``linker`` (the ``--unified-cache-external-linker-config``
     object), with no HiCache and GCache as its external cache linker. Its log is kept for the
-    test's asserts."""
+    test's asserts. Given ``forkserver``, the server process is forked from one that imported
+    SGLang's server already (its scheduler and detokenizer are spawned fresh as ever)."""
 
     def __init__(self, model: pathlib.Path, servers: list[str], log_dir: pathlib.Path, *,
                  tp: int = 1, layout: str = "page_first_direct", attach_later: bool = False,
                  storage_args: tuple[str, ...] | None = None,
                  backend_extra: dict | None = None, linker: dict | None = None,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, forkserver: Forkserver | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # a generous IO timeout: the test machine's two cores also run other engines
@@ -65,10 +67,12 @@ class Engine:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count())
                                                           for i in range(tp))
         self.log_path = log_dir / f"sglang-{self.port}.log"
-        self._log = open(self.log_path, "wb")
+        self._log = None if forkserver is not None else open(self.log_path, "wb")
         before = names()
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc: subprocess.Popen | Child = (
+            forkserver.start(args[1:], env=env, log=self.log_path) if forkserver is not None
+            else subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True))
         self.files = GroupFiles(self.proc.pid, before)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
@@ -125,7 +129,8 @@ class Engine:
         # (engine_testing.shm: by inode, not name; other engines on the machine have files of
         # the same shape, and the engine also maps GCache's arena, which is the server's)
         self.files.end(self.proc)
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
 
 def corrupt_every_value(shm_name: str) -> int:
