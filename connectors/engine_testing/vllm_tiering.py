@@ -11,9 +11,13 @@ and ``complete_store``, as the worker's GPU-to-CPU copy does.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+import os
+import signal
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +40,7 @@ from vllm.v1.kv_offload.base import (
     make_offload_key,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.base import TransferJob
 
 BLOCK, HEADS, HEAD_DIM, LAYERS, WINDOW = 16, 2, 16, 2, 64
 END = ScheduleEndContext((), ())
@@ -196,3 +201,92 @@ def offload_mappings() -> set[str]:
 def tier_config(servers: Sequence[str], **extra) -> dict:
     return {"type": "GCacheTier", "module_path": "gcache_vllm.tier",
             "gcache_servers": ",".join(servers), **extra}
+
+
+# ---- the tier alone, as vLLM's tests of a tier drive it (test_tier_upstream.py) ---------------
+
+CHUNKS, ROW = 8, 16 << 10
+
+
+class Memory:
+    """A CPU tier of the test's own: ``CHUNKS`` rows of ``ROW`` bytes in a mapping."""
+
+    def __init__(self) -> None:
+        self.mapping = mmap.mmap(-1, CHUNKS * ROW)
+        self.rows = np.frombuffer(self.mapping, np.uint8).reshape(CHUNKS, ROW)
+        self.view = memoryview(self.rows)
+
+    def fill(self, chunks, seed: int) -> list[bytes]:
+        rng = np.random.default_rng(seed)
+        for chunk in chunks:
+            self.rows[chunk] = rng.integers(0, 256, ROW, dtype=np.uint8)
+        return [self.rows[chunk].tobytes() for chunk in chunks]
+
+    def close(self) -> None:
+        """Fails (BufferError) while anything still holds a view of the mapping."""
+        self.view.release()
+        del self.rows
+        self.mapping.close()
+
+
+def key(n: int) -> OffloadKey:
+    """Key ``n`` of group 0."""
+    return make_offload_key(n.to_bytes(8, "big"), 0)
+
+
+def job(job_id: int, keys, chunks, *, promotion: bool = False,
+        req: str = "test") -> TransferJob:
+    """The job vLLM's manager would hand the tier: ``keys`` to or from ``chunks``."""
+    return TransferJob(job_id=job_id, keys=list(keys), chunk_ids=np.array(chunks, np.int64),
+                       is_promotion=promotion, req_context=ReqContext(req_id=req))
+
+
+def drain(tier) -> list:
+    """Every submitted job's result (``drain_jobs``, then ``get_finished_jobs``)."""
+    tier.drain_jobs()
+    return list(tier.get_finished_jobs())
+
+
+def lookup_and_wait(tier, keys, req: str = "test", *,
+                    limit_s: float = 30.0) -> list[LookupResult]:
+    """A tier's lookups as the manager asks them: RETRY, the step's end (the probe goes
+    out), then again, a step apart, until answered."""
+    ctx = ReqContext(req_id=req)
+    deadline = time.monotonic() + limit_s
+    answers = [tier.lookup(k, ctx) for k in keys]
+    while LookupResult.RETRY in answers:
+        assert time.monotonic() < deadline, f"lookups still RETRY: {answers}"
+        tier.on_schedule_end(END)
+        time.sleep(0.01)
+        answers = [tier.lookup(k, ctx) for k in keys]
+    return answers
+
+
+def server_of(tier, offload_key) -> str:
+    """The server GCache places ``offload_key``'s chunk on."""
+    name = tier.pages.object_key("chunk", offload_key.hex(), 0, tier.pages.generation())
+    return tier.client.owner(name)
+
+
+def split_by_server(tier, cluster, n: int, start: int = 0):
+    """``n`` keys on the first server and ``n`` on the second."""
+    first, second = [], []
+    for i in range(start, start + 1000):
+        (first if server_of(tier, key(i)) == cluster.addresses[0] else second).append(key(i))
+        if len(first) >= n and len(second) >= n:
+            return first[:n], second[:n]
+    raise AssertionError("keys do not spread over both servers")
+
+
+@contextlib.contextmanager
+def stopped(cluster, *indices: int) -> Iterator[None]:
+    """The servers ``indices`` of ``cluster`` (all by default) alive but silent (SIGSTOP)
+    within the block."""
+    pids = [cluster.servers[i].pid for i in (indices or range(len(cluster.servers)))]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
