@@ -190,14 +190,15 @@ SOAK_S ?= 600
 soak: $(STAMP)
 	$(PY) -m tests.fault.soak --seconds $(SOAK_S) --json bench/results/soak-latest.json
 
-# On a one-GPU host with CUDA torch (no vLLM, no SGLang, no network): every requires_gpu test
-# (the SDK's CUDA tensors over shared memory, TCP and NIXL, the vLLM worker's gather/scatter and
-# staging on CUDA; with vLLM 0.33 in wheelhouse/, from make gpu-wheels GPU_VLLM=1, two engines
-# through vLLM's offloading with GCacheTier), bench/gpu_copy.py's GB/s against torch's pinned
-# copies and bench/engine_gpu.py's GCache hit on CUDA blocks, phase by phase. GCache runs from the source
-# tree; its pure-Python dependencies (and NIXL) install from wheelhouse/ when it is there (make
-# gpu-wheels fills it, for GPU_PYVER, where there is a network). Bounded: 8 minutes for the
-# tests, 5 for the benchmarks.
+# On a one-GPU host with CUDA torch (no SGLang, no network; vLLM only where wheelhouse/ has it):
+# every requires_gpu test (the SDK's CUDA tensors over shared memory, TCP and NIXL, the vLLM
+# worker's gather/scatter and staging on CUDA; with vLLM 0.33, from make gpu-wheels GPU_VLLM=1,
+# two engines through vLLM's offloading with GCacheTier), bench/gpu_copy.py's GB/s against
+# torch's pinned copies, bench/engine_gpu.py's GCache hit on CUDA blocks, phase by phase, and
+# (with vLLM) bench/tier_engine_gpu.py's TTFT through vLLM's offloading with GCacheTier. GCache
+# runs from the source tree; its pure-Python dependencies (and NIXL) install from wheelhouse/
+# when it is there (make gpu-wheels fills it, for GPU_PYVER, where there is a network).
+# Bounded: 8 minutes for the tests, 10 for the benchmarks.
 GPU_PY    ?= python3
 GPU_PYVER ?= 3.12
 GPU_VENV  := .venv-gpu
@@ -216,6 +217,7 @@ gpu-check:
 	  -m requires_gpu tests/gpu tests/integration/test_same_host.py
 	$(GPU_PATH) timeout 120 $(GPU_VENV)/bin/python bench/gpu_copy.py
 	$(GPU_PATH) timeout 180 $(GPU_VENV)/bin/python bench/engine_gpu.py
+	$(GPU_PATH) timeout 300 $(GPU_VENV)/bin/python bench/tier_engine_gpu.py
 
 gpu-wheels:
 	python3 -m pip --disable-pip-version-check download -q -d wheelhouse --only-binary=:all: \
