@@ -132,12 +132,19 @@ def _batch_put(d: Dispatcher, keys: list[bytes], values: list[BufferLike], group
             ch, [e.handle for _, e, _ in todo], [digest for _, _, digest in todo]), len(todo))
         # a failed copy is a miss counted already; a key with no extent has its status
         by_key = {i: MISS if isinstance(e, Extent) else e for i, e in zip(idx, items)}
+        mine: set[int] = set()
         if not isinstance(statuses, Miss):
             by_key.update({i: s for (i, _, _), s in zip(todo, statuses)})
-        _finish_puts(d, link, idx, MISS if isinstance(statuses, Miss) else
-                     [by_key[i] for i in idx], values, results)
+            if retry:        # its window passed between copy and commit: put again, as LATE
+                mine = {i for (i, _, _), s in zip(todo, statuses) if s == Status.UNKNOWN_HANDLE}
+                expired.extend(mine)
+        kept = [i for i in idx if i not in mine]
+        _finish_puts(d, link, kept, MISS if isinstance(statuses, Miss) else
+                     [by_key[i] for i in kept], values, results)
 
+    expired: list[int] = []           # list.extend from the commit threads: atomic
     d.parallel([partial(commit, *h) for h in held])
+    late += expired
     if late:
         again = batch_put(d, [keys[i] for i in late], [values[i] for i in late],
                           d.groups_of(group, late), chunk=chunk // 8, flags=flags,

@@ -195,11 +195,14 @@ def commit(ch: Channel, handle: int, digest: int) -> Status:
 
 
 def commit_many(ch: Channel, handles: Sequence[int], digests: Sequence[int]) -> list[Status]:
-    """Pipelined COMMITs, in order."""
+    """Pipelined COMMITs, in order. UNKNOWN_HANDLE is that handle's answer (its write window
+    passed and the server dropped the write), not a failure of the link: the replies after it
+    are read, so the other handles' commits count (they were lost with the whole batch)."""
     statuses = []
     requests: list[_Request] = [{"handle": h, "checksum": d} for h, d in zip(handles, digests)]
     for reply in _pipelined(ch, requests, Op.COMMIT):
-        raise_unless_answer(reply, "COMMIT")
+        if reply.status != Status.UNKNOWN_HANDLE:
+            raise_unless_answer(reply, "COMMIT")
         statuses.append(reply.status)
     return statuses
 
