@@ -15,7 +15,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 import time
-from collections.abc import Sequence
 
 import numpy as np
 from steady import Workload, rounds, spread
@@ -109,7 +108,8 @@ def raw_socket_latency_ms(size: int = 64 * 1024, count: int = 1024, *,
 
 
 class RedisStore:
-    """Redis (redis-py + hiredis) as a ``steady.Store``: SET, GET, DEL. Redis's LRU is
+    """Redis (redis-py + hiredis) in the steady rounds' put and get ops only (SET, GET, DEL:
+    Redis has no read into a caller's buffer, so it is no whole ``steady.Store``). Its LRU is
     approximate (it samples keys), so a full Redis sometimes evicts a working-set value that
     was just written: such a GET is counted in ``misses`` and answered with the size asked
     for, so that the round goes on (GCache's rounds allow no miss at all)."""
@@ -129,12 +129,6 @@ class RedisStore:
             self.misses += 1
             return self.size
         return len(got)
-
-    def get_into(self, key: str, out: np.ndarray) -> int:
-        raise NotImplementedError("Redis has no get into a buffer")
-
-    def batch_get_into(self, keys: Sequence[str], outs: Sequence[np.ndarray]) -> list[int]:
-        raise NotImplementedError("Redis has no batch get into buffers")
 
     def delete(self, key: str) -> None:
         self.client.delete(key)
