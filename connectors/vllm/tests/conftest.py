@@ -48,3 +48,22 @@ def as_transfer_group(monkeypatch):
     def install(connector) -> None:
         monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", connector)
     return install
+
+
+@pytest.fixture
+def managers():
+    """vLLM tiering managers a test builds (``engine_testing.vllm_tiering.build_manager``), shut
+    down after it; then none of their CPU tiers is still mapped (a view the tier kept, or gave
+    away, would keep it)."""
+    from engine_testing.vllm_tiering import build_manager, offload_mappings
+    made = []
+    mapped = offload_mappings()
+
+    def make(*args, **kwargs):
+        made.append(build_manager(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for manager in made:
+        manager.shutdown()
+    assert offload_mappings() <= mapped, "a CPU tier is still mapped after its shutdown"

@@ -15,7 +15,6 @@ from engine_testing.vllm_tiering import (
     build_manager,
     chunk_keys,
     look_up,
-    offload_mappings,
     promote,
     settle,
     steps,
@@ -38,23 +37,6 @@ def shared(tmp_path_factory):
     with LocalCluster(2, memory="128MiB", server_args=("--segment-size", "4MiB"),
                       log_dir=str(tmp_path_factory.mktemp("gcache"))) as running:
         yield running
-
-
-@pytest.fixture
-def managers():
-    """Managers a test builds, shut down after it; then none of their CPU tiers is still
-    mapped (a view the tier kept, or gave away, would keep it)."""
-    made = []
-    mapped = offload_mappings()
-
-    def make(*args, **kwargs):
-        made.append(build_manager(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for manager in made:
-        manager.shutdown()
-    assert offload_mappings() <= mapped, "a CPU tier is still mapped after its shutdown"
 
 
 def test_stores_cascade_and_a_fresh_engine_promotes_the_same_bytes(shared, managers):

@@ -47,7 +47,6 @@ import pytest
 from engine_testing.vllm_tiering import (
     CHUNKS,
     Memory,
-    build_manager,
     build_spec,
     chunk_keys,
     drain,
@@ -55,7 +54,6 @@ from engine_testing.vllm_tiering import (
     key,
     look_up,
     lookup_and_wait,
-    offload_mappings,
     promote,
     row_bytes,
     settle,
@@ -113,20 +111,6 @@ def tier_on():
         if tier is not None:
             tier.shutdown()
         memory.close()
-
-
-@pytest.fixture
-def managers():
-    made, mapped = [], offload_mappings()
-
-    def make(*args, **kwargs):
-        made.append(build_manager(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for manager in made:
-        manager.shutdown()
-    assert offload_mappings() <= mapped, "a CPU tier is still mapped after its shutdown"
 
 
 # ---- the tier alone (test_fs_tier.py) -------------------------------------------------------
